@@ -1,0 +1,58 @@
+//! Test infrastructure for leasehold: real `redis-server` processes, child processes and a
+//! fault-injecting TCP proxy, for tests, benches and demos.
+//!
+//! * [`RedisServer`]: spawns `redis-server` on a free `127.0.0.1` port with a temporary
+//!   `--dir` and no persistence; SIGKILLed and reaped on drop. Fault controls: `kill`,
+//!   `pause`/`resume` (SIGSTOP/SIGCONT), `restart` (same port, data lost), plus `flushall`,
+//!   `info`, `command_calls` and a raw [`command`](RedisServer::command).
+//! * [`redis_for_tests`]: the Redis a plain (fault-free) test should use: `$REDIS_URL` if set,
+//!   otherwise a spawned [`RedisServer`]. **Tests that inject faults always spawn their own
+//!   server** with [`RedisServer::start`], since an external server cannot be killed or
+//!   paused (the controls on [`TestRedis`] then return [`TestkitError::Unsupported`]).
+//! * [`ChildProcess`]: a child OS process (e.g. a "holder" binary) whose stdout lines can be
+//!   awaited with [`ChildProcess::wait_for_line`]; SIGKILLed and reaped on drop.
+//! * [`Proxy`]: a loopback TCP proxy (needs a tokio runtime) with latency, partitions,
+//!   closing all connections and dropping replies.
+//! * [`resp`]: the minimal blocking RESP2 client the kit uses (no `fred` dependency).
+//!
+//! `redis-server` comes from `PATH` or from `$LEASEHOLD_REDIS_SERVER`; if missing, starting
+//! fails with [`TestkitError::RedisNotFound`].
+//!
+//! No orphans: besides kill-on-drop, children spawned on Linux carry
+//! `PR_SET_PDEATHSIG = SIGKILL`, so they die even if the test process is SIGKILLed. The death
+//! signal fires when the thread that forked the child exits, so all children are forked from a
+//! dedicated spawner thread that lives as long as the process.
+//!
+//! Unix only (signals, process groups).
+//!
+//! ```no_run
+//! use leasehold_testkit::RedisServer;
+//!
+//! let redis = RedisServer::start()?;
+//! redis.command(&["SET", "k", "v"])?;
+//! redis.restart()?; // same port, data gone
+//! assert!(redis.command(&["GET", "k"])?.is_nil());
+//! # Ok::<(), leasehold_testkit::TestkitError>(())
+//! ```
+#![deny(missing_docs, missing_debug_implementations, unsafe_code)]
+#![warn(unreachable_pub)]
+
+#[cfg(not(unix))]
+compile_error!("leasehold-testkit supports Unix only");
+
+mod doc;
+mod error;
+mod process;
+mod proxy;
+pub mod resp;
+mod server;
+mod spawn;
+mod target;
+
+pub use doc::with_redis;
+pub use error::{Result, TestkitError};
+pub use process::ChildProcess;
+pub use proxy::Proxy;
+pub use resp::RespValue;
+pub use server::{RedisServer, RedisServerBuilder, REDIS_SERVER_ENV};
+pub use target::{redis_for_tests, RedisTarget, TestRedis, REDIS_URL_ENV};
