@@ -1,0 +1,199 @@
+//! The Redis key layout of one lock.
+//!
+//! For a lock named `N` under prefix `P` (default `leasehold`):
+//!
+//! | key / channel       | type   | what                                                  |
+//! |---------------------|--------|-------------------------------------------------------|
+//! | `P:{N}`             | hash   | owner id -> hold count, PEXPIRE = the lease           |
+//! | `P:{N}:fence`       | string | last fencing token handed out, no TTL                 |
+//! | `P:{N}:released`    | channel| published when a lock becomes free                    |
+//!
+//! The braces are a Redis Cluster hash tag: every key and channel of one lock lives in one slot,
+//! so each state change can be one script. A name that already carries a hash tag (`{...}`
+//! with something inside) is used as given, so callers can co-locate several locks on purpose.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::{LockError, Result};
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "leasehold";
+
+/// The longest lock name accepted, in bytes.
+///
+/// Redis takes keys up to 512 MB, but every operation sends the name several times; a name
+/// longer than 1 KiB is almost certainly a bug (a serialized request instead of a resource id).
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// A validated key prefix: non-empty, at most 256 bytes, no braces (the hash tag must come from
+/// the lock name) and no whitespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Prefix(Arc<str>);
+
+impl Prefix {
+    /// Checks and wraps a prefix.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for an empty prefix, one over 256 bytes, or one with
+    /// braces or whitespace.
+    pub fn new(prefix: &str) -> Result<Prefix> {
+        if prefix.is_empty() || prefix.len() > 256 {
+            return Err(LockError::InvalidArgument(format!(
+                "key prefix must be 1 to 256 bytes, got {} bytes",
+                prefix.len()
+            )));
+        }
+        if prefix.contains(['{', '}']) || prefix.chars().any(char::is_whitespace) {
+            return Err(LockError::InvalidArgument(format!(
+                "key prefix {prefix:?} must not contain braces or whitespace"
+            )));
+        }
+        Ok(Prefix(prefix.into()))
+    }
+
+    /// The prefix text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for Prefix {
+    fn default() -> Self {
+        Prefix(DEFAULT_PREFIX.into())
+    }
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The keys and channel of one lock, derived once when the handle is made.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LockKeys {
+    name: Arc<str>,
+    hash: Arc<str>,
+    fence: Arc<str>,
+    released: Arc<str>,
+}
+
+impl LockKeys {
+    /// Derives the keys of lock `name` under `prefix`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for an empty name, one over [`MAX_NAME_LEN`] bytes, one
+    /// with control characters, or one with braces that do not form a hash tag (`{` ... `}` with
+    /// at least one byte between): such a name would spread one lock's keys over several
+    /// Cluster slots.
+    ///
+    /// ```
+    /// use leasehold_core::{LockKeys, Prefix};
+    /// let keys = LockKeys::new(&Prefix::default(), "inventory:42").unwrap();
+    /// assert_eq!(keys.hash(), "leasehold:{inventory:42}");
+    /// assert_eq!(keys.fence(), "leasehold:{inventory:42}:fence");
+    /// assert_eq!(keys.released(), "leasehold:{inventory:42}:released");
+    /// // A name with its own hash tag is used as given.
+    /// let tagged = LockKeys::new(&Prefix::default(), "order:{42}:pay").unwrap();
+    /// assert_eq!(tagged.hash(), "leasehold:order:{42}:pay");
+    /// ```
+    pub fn new(prefix: &Prefix, name: &str) -> Result<LockKeys> {
+        if name.is_empty() {
+            return Err(LockError::InvalidArgument("lock name is empty".into()));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(LockError::InvalidArgument(format!(
+                "lock name is {} bytes, over the limit of {MAX_NAME_LEN}",
+                name.len()
+            )));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(LockError::InvalidArgument(format!(
+                "lock name {name:?} contains control characters"
+            )));
+        }
+        let hash = if has_hash_tag(name) {
+            format!("{prefix}:{name}")
+        } else if name.contains(['{', '}']) {
+            return Err(LockError::InvalidArgument(format!(
+                "lock name {name:?} has braces that do not form a Redis Cluster hash tag \
+                 ({{tag}} with at least one character inside)"
+            )));
+        } else {
+            format!("{prefix}:{{{name}}}")
+        };
+        Ok(LockKeys {
+            name: name.into(),
+            fence: format!("{hash}:fence").into(),
+            released: format!("{hash}:released").into(),
+            hash: hash.into(),
+        })
+    }
+
+    /// The lock name as the caller gave it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `P:{N}`: the hash of owners and hold counts.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// `P:{N}:fence`: the fencing counter.
+    pub fn fence(&self) -> &str {
+        &self.fence
+    }
+
+    /// `P:{N}:released`: the channel a release is published on.
+    pub fn released(&self) -> &str {
+        &self.released
+    }
+}
+
+/// Whether Redis Cluster would hash `name` by a tag: a `{` followed later by a `}` with at
+/// least one byte between the first `{` and the first `}` after it.
+fn has_hash_tag(name: &str) -> bool {
+    match name.find('{') {
+        Some(open) => match name[open + 1..].find('}') {
+            Some(len) => len > 0,
+            None => false,
+        },
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        let k = LockKeys::new(&Prefix::new("app").unwrap(), "report").unwrap();
+        assert_eq!(k.hash(), "app:{report}");
+        assert_eq!(k.fence(), "app:{report}:fence");
+        assert_eq!(k.released(), "app:{report}:released");
+        assert_eq!(k.name(), "report");
+    }
+
+    #[test]
+    fn bad_names() {
+        let p = Prefix::default();
+        for bad in ["", "a}b", "{}x", "x{", "}", "a\nb"] {
+            assert!(
+                matches!(LockKeys::new(&p, bad), Err(LockError::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(LockKeys::new(&p, &"x".repeat(MAX_NAME_LEN)).is_ok());
+        assert!(LockKeys::new(&p, &"x".repeat(MAX_NAME_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn bad_prefixes() {
+        for bad in ["", "a{b", "a b", &"p".repeat(257)] {
+            assert!(Prefix::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}

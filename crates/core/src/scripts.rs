@@ -1,0 +1,107 @@
+//! The Lua scripts: one per state change, each in its own `.lua` file beside this one.
+//!
+//! Every script is sent with EVALSHA; when Redis answers NOSCRIPT (after a restart, a failover
+//! or SCRIPT FLUSH) it is loaded with SCRIPT LOAD and sent again. NOSCRIPT means the script did
+//! not run, so the second send can never apply a change twice.
+
+use std::sync::LazyLock;
+
+use fred::interfaces::LuaInterface;
+use fred::prelude::{Error as FredError, FromValue};
+use fred::types::scripts::Script;
+use fred::types::{MultipleKeys, MultipleValues};
+
+/// A Lua script with its SHA1, loaded on demand.
+#[derive(Debug)]
+pub struct LuaScript {
+    name: &'static str,
+    lua: &'static str,
+    script: Script,
+}
+
+impl LuaScript {
+    fn new(name: &'static str, lua: &'static str) -> LuaScript {
+        LuaScript {
+            name,
+            lua,
+            script: Script::from_lua(lua),
+        }
+    }
+
+    /// The script's name (its file name without `.lua`).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The Lua source.
+    pub fn lua(&self) -> &'static str {
+        self.lua
+    }
+
+    /// The SHA1 that EVALSHA sends.
+    pub fn sha1(&self) -> &str {
+        self.script.sha1()
+    }
+
+    /// Runs the script with EVALSHA, loading it first when Redis answers NOSCRIPT.
+    pub async fn call<R, C, K, V>(&self, client: &C, keys: K, args: V) -> Result<R, FredError>
+    where
+        R: FromValue,
+        C: LuaInterface + Send + Sync,
+        K: Into<MultipleKeys> + Send,
+        V: TryInto<MultipleValues> + Send,
+        V::Error: Into<FredError> + Send,
+    {
+        let keys: MultipleKeys = keys.into();
+        let args: MultipleValues = args.try_into().map_err(Into::into)?;
+        match client
+            .evalsha(self.sha1().to_string(), keys.clone(), args.clone())
+            .await
+        {
+            Err(error) if error.details().starts_with("NOSCRIPT") => {
+                client.script_load::<(), _>(self.lua).await?;
+                client.evalsha(self.sha1().to_string(), keys, args).await
+            }
+            result => result,
+        }
+    }
+}
+
+macro_rules! script {
+    ($(#[$doc:meta])* $static:ident, $file:literal) => {
+        $(#[$doc])*
+        pub static $static: LazyLock<LuaScript> =
+            LazyLock::new(|| LuaScript::new($file, include_str!(concat!("scripts/", $file, ".lua"))));
+    };
+}
+
+script!(
+    /// Acquire or re-enter; raises the fence on each new grant (`scripts/acquire.lua`).
+    ACQUIRE,
+    "acquire"
+);
+script!(
+    /// Release one hold; publishes when the lock becomes free (`scripts/release.lua`).
+    RELEASE,
+    "release"
+);
+script!(
+    /// Undo an acquire whose reply never arrived (`scripts/rollback.lua`).
+    ROLLBACK,
+    "rollback"
+);
+script!(
+    /// Renew many holds in one call (`scripts/renew.lua`).
+    RENEW,
+    "renew"
+);
+script!(
+    /// Remove a lock whoever holds it and wake its waiters (`scripts/force_unlock.lua`).
+    FORCE_UNLOCK,
+    "force_unlock"
+);
+
+/// Every script, for preloading and tests.
+pub fn all() -> [&'static LuaScript; 5] {
+    [&ACQUIRE, &RELEASE, &ROLLBACK, &RENEW, &FORCE_UNLOCK]
+}

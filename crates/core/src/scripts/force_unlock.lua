@@ -1,0 +1,18 @@
+-- Release a lock whoever holds it, and wake its waiters (operator's escape hatch).
+--
+-- KEYS[1]  lock hash  P:{N}
+-- ARGV[1]  release channel  P:{N}:released
+-- ARGV[2]  publish command  PUBLISH (SPUBLISH on Cluster)
+--
+-- Replies: 1 a lock was removed; 0 there was none.
+-- error WRONGTYPE the key holds another type (it is not ours to delete).
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then
+  return 0
+end
+if kind ~= 'hash' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a lock')
+end
+redis.call('DEL', KEYS[1])
+redis.call(ARGV[2], ARGV[1], 'released')
+return 1
