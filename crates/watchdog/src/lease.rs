@@ -1,0 +1,114 @@
+//! The local view of one hold's lease: valid until a deadline, or lost.
+
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The drift allowance subtracted from a lease when computing its local validity deadline:
+/// 1% of the lease plus 2 ms, for clock rate differences and scheduling delay (the Redlock rule).
+pub fn drift_for(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// Whether a hold's lease is still certainly valid, as far as this process can know.
+///
+/// The deadline is measured from when the acquire (or the last confirmed renewal) was *sent*,
+/// not when its reply came back: Redis started the lease no earlier than the send.
+#[derive(Debug)]
+pub struct LeaseState {
+    lost: CancellationToken,
+    valid_until: Mutex<Instant>,
+}
+
+impl LeaseState {
+    /// A lease valid until `valid_until` unless extended or marked lost.
+    pub fn new(valid_until: Instant) -> LeaseState {
+        LeaseState {
+            lost: CancellationToken::new(),
+            valid_until: Mutex::new(valid_until),
+        }
+    }
+
+    /// The local validity deadline.
+    pub fn valid_until(&self) -> Instant {
+        *self.valid_until.lock()
+    }
+
+    /// Whether the hold is still certainly valid: not marked lost and before its deadline.
+    pub fn is_held(&self) -> bool {
+        if self.lost.is_cancelled() {
+            return false;
+        }
+        if Instant::now() >= self.valid_until() {
+            self.lost.cancel();
+            return false;
+        }
+        true
+    }
+
+    /// Moves the deadline forward to `valid_until` (never backwards). Returns false, and changes
+    /// nothing, when the lease is already lost: a late renewal reply cannot resurrect a hold the
+    /// caller has been told is gone.
+    pub fn extend(&self, valid_until: Instant) -> bool {
+        let mut deadline = self.valid_until.lock();
+        if self.lost.is_cancelled() || Instant::now() >= *deadline {
+            drop(deadline);
+            self.lost.cancel();
+            return false;
+        }
+        if valid_until > *deadline {
+            *deadline = valid_until;
+        }
+        true
+    }
+
+    /// Marks the lease lost (renewal found the owner gone, or the hold was released).
+    pub fn mark_lost(&self) {
+        self.lost.cancel();
+    }
+
+    /// Completes when the lease is lost: marked lost, or its deadline passed without extension.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes state.
+    pub async fn lost(&self) {
+        loop {
+            let deadline = self.valid_until();
+            tokio::select! {
+                _ = self.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if !self.is_held() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_passes() {
+        let lease = LeaseState::new(Instant::now() + Duration::from_secs(1));
+        assert!(lease.is_held());
+        assert!(lease.extend(Instant::now() + Duration::from_secs(2)));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(lease.is_held());
+        lease.lost().await;
+        assert!(!lease.is_held());
+        assert!(!lease.extend(Instant::now() + Duration::from_secs(10)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn marked_lost() {
+        let lease = LeaseState::new(Instant::now() + Duration::from_secs(30));
+        lease.mark_lost();
+        lease.lost().await;
+        assert!(!lease.is_held());
+    }
+}

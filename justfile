@@ -1,0 +1,40 @@
+# leasehold tasks. `just demo` and `just test` are the README's contract: both work on a fresh
+# Debian/Ubuntu machine with Rust, installing redis-server when it is missing.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes.
+default:
+    @just --list
+
+# Install redis-server when it is not on PATH (Debian/Ubuntu, apt-get; sudo when not root).
+setup:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if command -v redis-server >/dev/null 2>&1; then exit 0; fi
+    echo "redis-server not found: installing it with apt-get" >&2
+    SUDO=""; if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+    # The package may start a system service on 6379; our tests never use it.
+    command -v redis-server >/dev/null
+
+# Play the seeds' scenarios (starts its own redis-server unless REDIS_URL is set).
+demo: setup
+    cargo run --quiet --release -p leasehold-cli -- demo
+
+# Everything CI checks: formatting, clippy with -D warnings, every test in the workspace.
+test: setup
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo test --workspace --all-targets
+    cargo test --workspace --doc
+
+# Formatting and clippy only.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# The benchmark harness (pass --quick for the short run, --json PATH, --plot DIR).
+bench *ARGS: setup
+    cargo run --quiet --release -p leasehold-bench -- {{ARGS}}

@@ -1,0 +1,433 @@
+//! [`LockClient`]: one per process, owns the Redis connections, the watchdog and the listener.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::interfaces::ClientLike;
+use fred::types::config::{Config, ConnectionConfig, PerformanceConfig, ReconnectPolicy};
+use fred::types::Builder;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, Result};
+use leasehold_pubsub::ReleaseNotifier;
+use leasehold_watchdog::{Watchdog, WatchdogConfig, WatchdogStats};
+use parking_lot::Mutex;
+use tokio::sync::OnceCell;
+
+use crate::Lock;
+
+/// Default lease of watched holds: 30 s, renewed every 10 s (Redisson's `lockWatchdogTimeout`).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default command timeout: 5 s.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A distributed lock client: the entry point of leasehold.
+///
+/// Build one per process and share it (it is cheap to clone). It holds one command connection,
+/// one pub/sub connection (opened on the first wait), and one watchdog task for all holds.
+///
+/// ```
+/// # leasehold_testkit::with_redis(|url| async move {
+/// use leasehold::LockClient;
+///
+/// let client = LockClient::connect(&url).await?;
+/// let lock = client.lock("inventory:42")?;
+/// let guard = lock.try_lock().await?.expect("nobody else holds it");
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.unlock().await?;
+/// # Ok::<(), leasehold::LockError>(()) });
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("id", &self.inner.id.as_str())
+            .field("prefix", &self.inner.prefix)
+            .field("lease", &self.inner.lease)
+            .field("command_timeout", &self.inner.command_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// (lock hash, owner): one owner's holds on one lock.
+type HoldKey = (Arc<str>, Owner);
+
+pub(crate) struct ClientInner {
+    pub(crate) redis: Client,
+    pub(crate) id: ClientId,
+    pub(crate) prefix: Prefix,
+    pub(crate) lease: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) watchdog: Watchdog,
+    notifier: OnceCell<ReleaseNotifier>,
+    subscriber_builder: Builder,
+    /// Live guards per (lock hash, owner): the hold count an unanswered acquire would produce is
+    /// this plus one, which is what the rollback of such an acquire checks for.
+    local_holds: Mutex<HashMap<HoldKey, u64>>,
+    /// Rollbacks in flight per (lock hash, owner). The owner's next acquire waits for them: a
+    /// rollback that arrived after a fresh grant would take that grant away.
+    rollbacks: Mutex<HashMap<HoldKey, Shared<BoxFuture<'static, ()>>>>,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        let redis = self.redis.clone();
+        let subscriber = self.notifier.get().map(|n| n.subscriber().clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = redis.quit().await;
+                if let Some(subscriber) = subscriber {
+                    let _ = subscriber.quit().await;
+                }
+            });
+        }
+    }
+}
+
+impl ClientInner {
+    pub(crate) fn map_err(&self, error: fred::error::Error) -> LockError {
+        LockError::from_redis(error, self.command_timeout)
+    }
+
+    /// Waits (up to the command timeout) for the command connection when it is being
+    /// re-established, so a command issued right after a disconnect is not failed at once:
+    /// state changes go out with a single attempt, so fred cannot queue them for us.
+    pub(crate) async fn ready(&self) {
+        if !self.redis.is_connected() {
+            let _ = tokio::time::timeout(self.command_timeout, self.redis.wait_for_connect()).await;
+        }
+    }
+
+    /// The release listener, connected on first use.
+    pub(crate) async fn notifier(&self) -> Result<&ReleaseNotifier> {
+        self.notifier
+            .get_or_try_init(|| async {
+                let subscriber = self
+                    .subscriber_builder
+                    .build_subscriber_client()
+                    .map_err(|e| self.map_err(e))?;
+                // Connected in its own task: a waiter dropped mid-connect must not leave a
+                // half-made connection behind.
+                let connect = {
+                    let subscriber = subscriber.clone();
+                    let timeout = self.command_timeout;
+                    tokio::spawn(async move { connect(&subscriber, timeout).await })
+                };
+                match connect.await {
+                    Ok(Ok(())) => Ok(ReleaseNotifier::start(subscriber)),
+                    Ok(Err(error)) => Err(error),
+                    Err(join) => Err(LockError::Redis(format!(
+                        "subscriber connect task failed: {join}"
+                    ))),
+                }
+            })
+            .await
+    }
+
+    /// The release listener if it was ever started.
+    pub(crate) fn notifier_if_started(&self) -> Option<&ReleaseNotifier> {
+        self.notifier.get()
+    }
+
+    /// Runs `rollback` in the background; the same owner's next acquire on this lock waits
+    /// for it first.
+    pub(crate) fn spawn_rollback(
+        self: &Arc<Self>,
+        keys: &LockKeys,
+        owner: &Owner,
+        rollback: BoxFuture<'static, ()>,
+    ) {
+        let key = (Arc::from(keys.hash()), owner.clone());
+        let this = self.clone();
+        let done_key = key.clone();
+        let shared = async move {
+            rollback.await;
+            this.rollbacks.lock().remove(&done_key);
+        }
+        .boxed()
+        .shared();
+        self.rollbacks.lock().insert(key, shared.clone());
+        tokio::spawn(shared);
+    }
+
+    /// Waits for a rollback of `owner`'s unanswered acquire on this lock, if one is in flight.
+    pub(crate) async fn rollback_settled(&self, keys: &LockKeys, owner: &Owner) {
+        let key = (Arc::from(keys.hash()), owner.clone());
+        let pending = self.rollbacks.lock().get(&key).cloned();
+        if let Some(pending) = pending {
+            pending.await;
+        }
+    }
+
+    pub(crate) fn local_holds(&self, keys: &LockKeys, owner: &Owner) -> u64 {
+        let key = (Arc::from(keys.hash()), owner.clone());
+        self.local_holds.lock().get(&key).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn add_local_hold(&self, keys: &LockKeys, owner: &Owner) {
+        let key = (Arc::from(keys.hash()), owner.clone());
+        *self.local_holds.lock().entry(key).or_insert(0) += 1;
+    }
+
+    pub(crate) fn remove_local_hold(&self, keys: &LockKeys, owner: &Owner) {
+        let key = (Arc::from(keys.hash()), owner.clone());
+        let mut holds = self.local_holds.lock();
+        if let Some(count) = holds.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                holds.remove(&key);
+            }
+        }
+    }
+}
+
+async fn connect<C: ClientLike>(client: &C, timeout: Duration) -> Result<()> {
+    let server = client
+        .client_config()
+        .server
+        .hosts()
+        .first()
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    let failed = |detail: String| {
+        LockError::Connection(fred::error::Error::new(
+            fred::error::ErrorKind::IO,
+            format!("cannot connect to Redis at {server}: {detail} (is redis-server running? check the URL or REDIS_URL)"),
+        ))
+    };
+    match tokio::time::timeout(timeout, client.init()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => {
+            let _ = client.quit().await;
+            if error.details().starts_with("NOPERM") || error.details().contains("WRONGPASS") {
+                return Err(LockError::PermissionDenied(error.details().to_string()));
+            }
+            Err(failed(error.to_string()))
+        }
+        Err(_) => {
+            let _ = client.quit().await;
+            Err(failed(format!("no answer within {timeout:?}")))
+        }
+    }
+}
+
+/// Loads every script at connect, so the first lock does not pay a NOSCRIPT round trip
+/// (reloading on NOSCRIPT stays in place for restarts and SCRIPT FLUSH).
+async fn preload_scripts(redis: &Client) -> std::result::Result<(), fred::error::Error> {
+    use fred::interfaces::LuaInterface;
+    let loads =
+        leasehold_core::scripts::all().map(|script| redis.script_load::<String, _>(script.lua()));
+    futures::future::try_join_all(loads).await?;
+    Ok(())
+}
+
+impl LockClient {
+    /// A builder for a client of the Redis at `url` (`redis://[user:pass@]host:port[/db]`).
+    /// A bad URL is reported by [`LockClientBuilder::build`].
+    pub fn builder(url: &str) -> LockClientBuilder {
+        LockClientBuilder::new(
+            Config::from_url(url)
+                .map_err(|e| LockError::InvalidArgument(format!("bad Redis URL: {}", e.details()))),
+        )
+    }
+
+    /// A builder from a fred [`Config`] (TLS, Sentinel, credentials...).
+    pub fn builder_from_config(config: Config) -> LockClientBuilder {
+        LockClientBuilder::new(Ok(config))
+    }
+
+    /// Connects with the defaults: prefix `leasehold`, lease 30 s, command timeout 5 s.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a bad URL, [`LockError::Connection`] when Redis cannot
+    /// be reached (fred fails fast: a server that is down errors at once).
+    pub async fn connect(url: &str) -> Result<LockClient> {
+        LockClient::builder(url).build().await
+    }
+
+    /// A handle on the lock `name`. Cheap; nothing is sent until you lock.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for an empty name, one over
+    /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, with control characters, or with braces that
+    /// are not a well-formed hash tag.
+    pub fn lock(&self, name: &str) -> Result<Lock> {
+        let keys = LockKeys::new(&self.inner.prefix, name)?;
+        Ok(Lock::new(self.inner.clone(), keys))
+    }
+
+    /// A new explicit owner: holds taken under it are shared by every task that uses it (see
+    /// [`Lock::with_owner`]).
+    pub fn new_owner(&self) -> Owner {
+        self.inner.id.new_owner()
+    }
+
+    /// The owner the current task acquires under by default.
+    pub fn current_owner(&self) -> Owner {
+        self.inner.id.current_owner()
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        self.inner.prefix.as_str()
+    }
+
+    /// The lease of watched holds (renewed every lease/3).
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// The underlying fred client (for commands leasehold does not wrap).
+    pub fn redis(&self) -> &Client {
+        &self.inner.redis
+    }
+
+    /// Waiters of this client currently registered for a release wake-up.
+    pub fn waiters(&self) -> usize {
+        self.inner.notifier_if_started().map_or(0, |n| n.waiters())
+    }
+
+    /// Release channels this client is subscribed to (or unsubscribing from) right now.
+    pub fn subscribed_channels(&self) -> usize {
+        self.inner
+            .notifier_if_started()
+            .map_or(0, |n| n.subscribed_channels())
+    }
+
+    /// The watchdog's counters.
+    pub fn watchdog_stats(&self) -> WatchdogStats {
+        self.inner.watchdog.stats()
+    }
+}
+
+/// Builds a [`LockClient`]; every setting has a default that works.
+#[derive(Debug)]
+#[must_use = "a builder does nothing until .build().await"]
+pub struct LockClientBuilder {
+    config: Result<Config>,
+    prefix: String,
+    lease: Duration,
+    command_timeout: Duration,
+    reconnect: ReconnectPolicy,
+    renew_batch: usize,
+}
+
+impl LockClientBuilder {
+    fn new(config: Result<Config>) -> LockClientBuilder {
+        LockClientBuilder {
+            config,
+            prefix: leasehold_core::DEFAULT_PREFIX.to_string(),
+            lease: DEFAULT_LEASE,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            // Unlimited attempts, 50 ms doubling to 2 s: a lock client should come back by itself.
+            reconnect: ReconnectPolicy::new_exponential(0, 50, 2_000, 2),
+            renew_batch: 1000,
+        }
+    }
+
+    /// Key prefix (default `leasehold`): keys are `PREFIX:{NAME}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Lease of holds taken without an explicit lease (default 30 s); the watchdog renews them
+    /// every lease/3 while the guard lives.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long to wait for any Redis reply (default 5 s). A timed-out acquire is treated as
+    /// "unknown" and undone in the background.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Reconnect policy (default: exponential 50 ms..2 s, unlimited attempts).
+    pub fn reconnect_policy(mut self, policy: ReconnectPolicy) -> Self {
+        self.reconnect = policy;
+        self
+    }
+
+    /// Most holds the watchdog renews in one script call (default 1,000).
+    pub fn renew_batch_size(mut self, size: usize) -> Self {
+        self.renew_batch = size.max(1);
+        self
+    }
+
+    /// Connects and starts the watchdog.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a bad URL, prefix, lease or timeout;
+    /// [`LockError::Connection`] when Redis cannot be reached;
+    /// [`LockError::PermissionDenied`] for refused credentials.
+    pub async fn build(self) -> Result<LockClient> {
+        let config = self.config?;
+        let prefix = Prefix::new(&self.prefix)?;
+        leasehold_core::lease_millis(self.lease)?;
+        if self.lease < Duration::from_millis(30) {
+            return Err(LockError::InvalidArgument(format!(
+                "watchdog lease {:?} is under 30 ms: renewals every lease/3 would not keep up",
+                self.lease
+            )));
+        }
+        if self.command_timeout.is_zero() {
+            return Err(LockError::InvalidArgument(
+                "command timeout must be above zero".into(),
+            ));
+        }
+        let mut builder = Builder::from_config(config);
+        builder
+            .set_policy(self.reconnect.clone())
+            .set_connection_config(ConnectionConfig {
+                connection_timeout: self.command_timeout,
+                internal_command_timeout: self.command_timeout,
+                // State changes must never be sent twice: fred resends in-flight commands after
+                // a reconnect unless this is 1. A resent acquire would count a hold twice, a
+                // resent release would release twice. Unknown outcomes are handled above fred
+                // (acquire rollback; a lost release ends with the lease).
+                max_command_attempts: 1,
+                ..ConnectionConfig::default()
+            })
+            .set_performance_config(PerformanceConfig {
+                default_command_timeout: self.command_timeout,
+                ..PerformanceConfig::default()
+            });
+        let redis = builder
+            .build()
+            .map_err(|e| LockError::from_redis(e, self.command_timeout))?;
+        connect(&redis, self.command_timeout).await?;
+        preload_scripts(&redis)
+            .await
+            .map_err(|e| LockError::from_redis(e, self.command_timeout))?;
+        let watchdog = Watchdog::start(
+            redis.clone(),
+            WatchdogConfig {
+                lease: self.lease,
+                batch_size: self.renew_batch,
+            },
+        );
+        Ok(LockClient {
+            inner: Arc::new(ClientInner {
+                redis,
+                id: ClientId::random(),
+                prefix,
+                lease: self.lease,
+                command_timeout: self.command_timeout,
+                watchdog,
+                notifier: OnceCell::new(),
+                subscriber_builder: builder,
+                local_holds: Mutex::new(HashMap::new()),
+                rollbacks: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}

@@ -1,0 +1,38 @@
+//! Distributed locks for async Rust on Redis.
+//!
+//! ```
+//! # leasehold_testkit::with_redis(|url| async move {
+//! use leasehold::LockClient;
+//!
+//! let client = LockClient::connect(&url).await?;          // e.g. "redis://127.0.0.1:6379"
+//! let lock = client.lock("inventory:42")?;
+//! let guard = lock.lock().await?;                          // waits, woken by pub/sub
+//! let token = guard.fencing_token();                       // send it with your writes
+//! // ... sell the last item; the watchdog keeps the lease alive meanwhile ...
+//! guard.unlock().await?;
+//! # let _ = token;
+//! # Ok::<(), leasehold::LockError>(()) });
+//! ```
+//!
+//! - Reentrant per owner (by default the current tokio task), with hold counts.
+//! - Watchdog renewal for holds without an explicit lease; lost-lease detection on the guard
+//!   ([`LockGuard::is_held`], [`LockGuard::lost`], [`LockGuard::run_while_held`]).
+//! - Waiters woken by a release message, one per client, never by polling.
+//! - [`FencingToken`]s that keep increasing even when Redis loses its data.
+//!
+//! See `docs/guide.md` for the guarantees and their limits.
+#![deny(missing_docs, missing_debug_implementations)]
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
+
+mod client;
+mod guard;
+mod lock;
+
+pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_LEASE};
+pub use guard::LockGuard;
+pub use leasehold_core::{
+    FencingToken, LockError, LockKeys, Owner, Result, MAX_LEASE, MAX_NAME_LEN,
+};
+pub use leasehold_watchdog::WatchdogStats;
+pub use lock::Lock;

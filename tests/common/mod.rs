@@ -1,0 +1,80 @@
+//! Shared set-up for the integration tests: every test gets its own redis-server (testkit).
+#![allow(dead_code)] // reason: each test binary uses a different subset of these helpers
+
+use std::time::Duration;
+
+use leasehold::LockClient;
+use leasehold_testkit::{RedisServer, RespValue};
+
+/// A fresh redis-server on a free port; fails loudly when redis-server is missing.
+pub fn server() -> RedisServer {
+    RedisServer::start().unwrap_or_else(|e| panic!("cannot start redis-server for tests: {e}"))
+}
+
+/// A client with defaults against `url`.
+pub async fn client(url: &str) -> LockClient {
+    LockClient::connect(url).await.expect("connect")
+}
+
+/// A client with a short watchdog lease, for tests that watch renewals.
+pub async fn client_with_lease(url: &str, lease: Duration) -> LockClient {
+    LockClient::builder(url)
+        .lease(lease)
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// Runs a raw command through the testkit's own connection (not through leasehold).
+pub fn cmd(server: &RedisServer, args: &[&str]) -> RespValue {
+    server.command(args).expect("redis command")
+}
+
+/// HGET as an integer (None when absent).
+pub fn hget(server: &RedisServer, key: &str, field: &str) -> Option<i64> {
+    cmd(server, &["HGET", key, field])
+        .as_str()
+        .map(|s| s.parse().expect("integer"))
+}
+
+/// Whether `key` exists.
+pub fn exists(server: &RedisServer, key: &str) -> bool {
+    cmd(server, &["EXISTS", key]).as_int() == Some(1)
+}
+
+/// Polls `condition` every 5 ms until it holds or `within` passes; returns whether it held.
+/// For conditions with no event to wait on (a key expiring in Redis).
+pub async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The keys under `prefix` (SCAN), sorted.
+pub fn keys(server: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cursor = "0".to_string();
+    loop {
+        let reply = cmd(
+            server,
+            &["SCAN", &cursor, "MATCH", pattern, "COUNT", "1000"],
+        );
+        let parts = reply.as_array().expect("scan reply");
+        cursor = parts[0].as_str().expect("cursor");
+        for key in parts[1].as_array().expect("keys") {
+            out.push(key.as_str().expect("key"));
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    out.sort();
+    out
+}

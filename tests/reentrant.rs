@@ -1,0 +1,543 @@
+//! The reentrant lock core against a real redis-server: exclusion, ownership, reentrancy,
+//! fencing, leases, release on drop, script reloading and bad input.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, cmd, exists, hget, server};
+use leasehold::{LockClient, LockError, MAX_LEASE, MAX_NAME_LEN};
+use tokio::sync::Barrier;
+
+/// The seed's first test: 20 concurrent try_locks on one name, exactly one succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_try_locks_exactly_one_wins() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let barrier = Arc::new(Barrier::new(20));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let lock = client.lock("lock:concurrent").unwrap();
+        let barrier = barrier.clone();
+        // Each spawned task is its own owner.
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            lock.try_lock().await.expect("try_lock")
+        }));
+    }
+    let mut guards = Vec::new();
+    for task in tasks {
+        if let Some(guard) = task.await.unwrap() {
+            guards.push(guard);
+        }
+    }
+    assert_eq!(
+        guards.len(),
+        1,
+        "exactly one of 20 concurrent try_locks wins"
+    );
+    assert_eq!(guards[0].hold_count(), 1);
+}
+
+/// The same across 20 separate clients (as 20 pods would be).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_clients_exactly_one_wins() {
+    let redis = server();
+    let barrier = Arc::new(Barrier::new(20));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let url = redis.url();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = LockClient::connect(&url).await.unwrap();
+            barrier.wait().await;
+            let guard = client.lock("lock:pods").unwrap().try_lock().await.unwrap();
+            (client, guard)
+        }));
+    }
+    let mut won = 0;
+    for task in tasks {
+        let (_client, guard) = task.await.unwrap();
+        won += guard.is_some() as usize;
+    }
+    assert_eq!(won, 1);
+}
+
+/// The seed's second test: unlock with a wrong owner keeps the lock; the right owner frees it.
+#[tokio::test]
+async fn wrong_owner_cannot_unlock() {
+    let redis = server();
+    let owner_client = client(&redis.url()).await;
+    let other_client = client(&redis.url()).await;
+    let guard = owner_client
+        .lock("lock:owner")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let key = "leasehold:{lock:owner}";
+
+    // Another client's owner, and a made-up owner id on the owner's own client.
+    let stranger = other_client.lock("lock:owner").unwrap();
+    assert!(matches!(
+        stranger.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    let guessed = owner_client
+        .lock("lock:owner")
+        .unwrap()
+        .with_owner(leasehold::Owner::from_id("not-my-token"));
+    assert!(matches!(
+        guessed.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    assert!(exists(&redis, key), "the lock is kept");
+    assert_eq!(
+        hget(&redis, key, guard.owner().id()),
+        Some(1),
+        "hold count untouched"
+    );
+
+    guard.unlock().await.unwrap();
+    assert!(!exists(&redis, key), "the right owner frees it");
+}
+
+#[tokio::test]
+async fn reentrancy_counts_holds() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let other = common::client(&redis.url()).await;
+    let lock = client.lock("nested").unwrap();
+    let key = "leasehold:{nested}";
+
+    let outer = lock.lock().await.unwrap();
+    let inner = lock.lock().await.unwrap();
+    let innermost = lock.try_lock().await.unwrap().expect("same task re-enters");
+    assert_eq!(
+        (
+            outer.hold_count(),
+            inner.hold_count(),
+            innermost.hold_count()
+        ),
+        (1, 2, 3)
+    );
+    assert_eq!(
+        outer.fencing_token(),
+        inner.fencing_token(),
+        "re-entry keeps the token"
+    );
+    assert_eq!(outer.fencing_token(), innermost.fencing_token());
+    assert_eq!(hget(&redis, key, outer.owner().id()), Some(3));
+    assert_eq!(lock.hold_count().await.unwrap(), 3);
+
+    innermost.unlock().await.unwrap();
+    inner.unlock().await.unwrap();
+    assert_eq!(hget(&redis, key, outer.owner().id()), Some(1));
+    assert!(
+        other
+            .lock("nested")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "still held after 2 of 3 releases"
+    );
+    outer.unlock().await.unwrap();
+    assert!(!exists(&redis, key));
+    assert!(other
+        .lock("nested")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_are_distinct_owners_by_default() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let guard = client
+        .lock("per-task")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    let lock = client.lock("per-task").unwrap();
+    let other_task = tokio::spawn(async move { lock.try_lock().await.unwrap().is_some() });
+    assert!(!other_task.await.unwrap(), "another task does not re-enter");
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_owner_is_shared_across_tasks_and_guards_release_anywhere() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let owner = client.new_owner();
+    let lock = client.lock("shared").unwrap().with_owner(owner.clone());
+    let first = lock.try_lock().await.unwrap().unwrap();
+    let lock2 = lock.clone();
+    let second = tokio::spawn(async move { lock2.try_lock().await.unwrap() })
+        .await
+        .unwrap()
+        .expect("same explicit owner re-enters from another task");
+    assert_eq!(second.hold_count(), 2);
+    assert_eq!(second.owner(), &owner);
+    // Release both from tasks other than the ones that acquired.
+    tokio::spawn(async move { first.unlock().await })
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::spawn(async move { second.unlock().await })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!exists(&redis, "leasehold:{shared}"));
+    // Two explicit owners in one task exclude each other.
+    let a = client
+        .lock("shared")
+        .unwrap()
+        .with_owner(client.new_owner());
+    let b = client
+        .lock("shared")
+        .unwrap()
+        .with_owner(client.new_owner());
+    let held = a.try_lock().await.unwrap().unwrap();
+    assert!(b.try_lock().await.unwrap().is_none());
+    held.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn double_unlock_and_expired_unlock_are_not_held() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("once").unwrap();
+    let guard = lock.try_lock().await.unwrap().unwrap();
+    guard.unlock().await.unwrap();
+    assert!(
+        matches!(lock.unlock().await, Err(LockError::NotHeld { .. })),
+        "double unlock"
+    );
+
+    let short = lock
+        .try_lock_with_lease(Duration::from_millis(50))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(5), || !exists(
+            &redis,
+            "leasehold:{once}"
+        ))
+        .await
+    );
+    assert!(!short.is_held(), "the guard knows its fixed lease ended");
+    assert!(matches!(
+        short.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+}
+
+#[tokio::test]
+async fn fencing_tokens_strictly_increase_even_after_data_loss() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("fenced").unwrap();
+    let mut last = 0u64;
+    for _ in 0..5 {
+        let guard = lock.try_lock().await.unwrap().unwrap();
+        let token = guard.fencing_token().get();
+        assert!(token > last, "{token} > {last}");
+        let again = lock.try_lock().await.unwrap().unwrap();
+        assert_eq!(
+            again.fencing_token().get(),
+            token,
+            "re-entry keeps the token"
+        );
+        again.unlock().await.unwrap();
+        guard.unlock().await.unwrap();
+        last = token;
+    }
+    // A counter far in the future must still be respected (stored + 1).
+    cmd(
+        &redis,
+        &["SET", "leasehold:{fenced}:fence", "9000000000000000"],
+    );
+    let guard = lock.try_lock().await.unwrap().unwrap();
+    assert_eq!(guard.fencing_token().get(), 9_000_000_000_000_001);
+    guard.unlock().await.unwrap();
+    cmd(
+        &redis,
+        &["SET", "leasehold:{fenced}:fence", &last.to_string()],
+    );
+
+    // Restart without persistence: every key is gone, the token still rises (server time floor).
+    redis.restart().expect("restart");
+    let fresh = common::client(&redis.url()).await;
+    let guard = fresh
+        .lock("fenced")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        guard.fencing_token().get() > last,
+        "token rose across data loss"
+    );
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn fixed_lease_expiry_frees_the_lock() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let other = common::client(&redis.url()).await;
+    let guard = holder
+        .lock("lease")
+        .unwrap()
+        .try_lock_with_lease(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .unwrap();
+    let pttl = cmd(&redis, &["PTTL", "leasehold:{lease}"])
+        .as_int()
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 300, "PEXPIRE set to the lease: {pttl}");
+    let waited = other
+        .lock("lease")
+        .unwrap()
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("acquired once the lease ended");
+    assert!(!guard.is_held());
+    waited.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_guard_releases_in_the_background() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let guard = client
+        .lock("dropped")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exists(&redis, "leasehold:{dropped}"));
+    drop(guard);
+    assert!(
+        common::eventually(Duration::from_secs(5), || !exists(
+            &redis,
+            "leasehold:{dropped}"
+        ))
+        .await,
+        "drop released the lock"
+    );
+    assert_eq!(client.watchdog_stats().holds, 0, "and stopped its renewal");
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_noscript() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("flushed").unwrap();
+    let guard = lock.try_lock().await.unwrap().unwrap();
+    assert_eq!(
+        cmd(&redis, &["SCRIPT", "FLUSH"]).as_str().as_deref(),
+        Some("OK")
+    );
+    guard.unlock().await.unwrap(); // release script: NOSCRIPT, loaded, sent again
+    cmd(&redis, &["SCRIPT", "FLUSH"]);
+    let guard = lock.try_lock().await.unwrap().expect("acquire after flush");
+    assert_eq!(guard.hold_count(), 1, "the reloaded acquire ran once");
+    guard.unlock().await.unwrap();
+    assert!(!exists(&redis, "leasehold:{flushed}"));
+}
+
+#[tokio::test]
+async fn bad_input_gets_typed_errors() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    for name in ["", "a}b", "{}x", "line\nbreak"] {
+        assert!(
+            matches!(client.lock(name), Err(LockError::InvalidArgument(_))),
+            "name {name:?}"
+        );
+    }
+    assert!(matches!(
+        client.lock(&"n".repeat(MAX_NAME_LEN + 1)),
+        Err(LockError::InvalidArgument(_))
+    ));
+    let lock = client.lock("ok").unwrap();
+    for lease in [
+        Duration::ZERO,
+        Duration::from_micros(10),
+        MAX_LEASE + Duration::from_secs(1),
+    ] {
+        assert!(
+            matches!(
+                lock.try_lock_with_lease(lease).await,
+                Err(LockError::InvalidArgument(_))
+            ),
+            "lease {lease:?}"
+        );
+    }
+    assert!(matches!(
+        LockClient::builder(&redis.url())
+            .prefix("has{brace")
+            .build()
+            .await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        LockClient::builder(&redis.url())
+            .lease(Duration::ZERO)
+            .build()
+            .await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        LockClient::connect("not a url").await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert!(common::keys(&redis, "*").is_empty(), "nothing was written");
+}
+
+#[tokio::test]
+async fn wrong_type_keys_are_reported_not_clobbered() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    cmd(
+        &redis,
+        &["SET", "leasehold:{taken}", "someone else's string"],
+    );
+    let lock = client.lock("taken").unwrap();
+    assert!(matches!(
+        lock.try_lock().await,
+        Err(LockError::WrongType { .. })
+    ));
+    assert!(matches!(
+        lock.unlock().await,
+        Err(LockError::WrongType { .. })
+    ));
+    assert!(matches!(
+        lock.force_unlock().await,
+        Err(LockError::WrongType { .. })
+    ));
+    assert!(matches!(
+        lock.try_lock_for(Duration::from_millis(100)).await,
+        Err(LockError::WrongType { .. })
+    ));
+    assert_eq!(
+        cmd(&redis, &["GET", "leasehold:{taken}"])
+            .as_str()
+            .as_deref(),
+        Some("someone else's string")
+    );
+    // A fence key of the wrong type is refused too, and the lock is not granted.
+    cmd(&redis, &["LPUSH", "leasehold:{fence-taken}:fence", "x"]);
+    let lock = client.lock("fence-taken").unwrap();
+    assert!(matches!(
+        lock.try_lock().await,
+        Err(LockError::WrongType { .. })
+    ));
+    assert!(!exists(&redis, "leasehold:{fence-taken}"));
+}
+
+#[tokio::test]
+async fn redis_down_at_connect_is_a_clear_connection_error() {
+    // A port that was free a moment ago and has nothing listening.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = std::time::Instant::now();
+    let error = LockClient::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .expect_err("nothing listens there");
+    assert!(matches!(error, LockError::Connection(_)), "{error:?}");
+    assert!(error.to_string().contains("cannot connect"), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "fails fast, does not hang"
+    );
+}
+
+/// A release whose reply is lost on a dying connection must not be resent: a resent release
+/// would take a second hold away. Commands go out once (fred max_command_attempts = 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_is_not_resent() {
+    let redis = server();
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let client = client(&proxy.url()).await;
+    let lock = client.lock("lost-reply").unwrap();
+    let outer = lock.try_lock().await.unwrap().unwrap();
+    let inner = lock.try_lock().await.unwrap().unwrap();
+    assert_eq!(
+        hget(&redis, "leasehold:{lost-reply}", outer.owner().id()),
+        Some(2)
+    );
+
+    proxy.drop_replies(1);
+    let result = inner.unlock().await;
+    assert!(
+        matches!(
+            result,
+            Err(LockError::Connection(_)) | Err(LockError::Timeout(_))
+        ),
+        "the caller learns the outcome is unknown: {result:?}"
+    );
+    // Give a (wrong) resend every chance to happen: wait until the client reconnected and
+    // answers again, then look.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match lock.is_locked().await {
+            Ok(locked) => break assert!(locked),
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("client did not come back: {e}"),
+        }
+    }
+    assert_eq!(
+        hget(&redis, "leasehold:{lost-reply}", outer.owner().id()),
+        Some(1),
+        "the release ran exactly once"
+    );
+    outer.unlock().await.unwrap();
+    assert!(!exists(&redis, "leasehold:{lost-reply}"));
+}
+
+/// An acquire whose reply is lost is undone: no hold is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_reply_was_lost_is_rolled_back() {
+    let redis = server();
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let client = client(&proxy.url()).await;
+    let lock = client.lock("lost-acquire").unwrap();
+    proxy.drop_replies(1);
+    let result = lock.try_lock().await;
+    assert!(
+        result.as_ref().is_err_and(LockError::is_transient),
+        "{result:?}"
+    );
+    assert!(
+        common::eventually(Duration::from_secs(10), || !exists(
+            &redis,
+            "leasehold:{lost-acquire}"
+        ))
+        .await,
+        "the unanswered acquire was rolled back"
+    );
+    let guard = lock.try_lock().await.unwrap().expect("free again");
+    assert_eq!(guard.hold_count(), 1);
+    guard.unlock().await.unwrap();
+}

@@ -1,0 +1,310 @@
+//! Waiting for a lock: pub/sub wake-ups, timeouts, crashed holders, cancellation and
+//! connection loss, against real redis-servers.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, cmd, exists, server};
+use leasehold::{LockClient, LockGuard};
+use leasehold_testkit::{ChildProcess, RedisServer};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+fn numsub(redis: &RedisServer, channel: &str) -> i64 {
+    let reply = cmd(redis, &["PUBSUB", "NUMSUB", channel]);
+    reply.as_array().expect("numsub reply")[1].as_int().expect("count")
+}
+
+/// Waits (bounded) until the client has no waiter and no subscription left, and Redis agrees.
+async fn assert_nothing_left(redis: &RedisServer, client: &LockClient, channel: &str) {
+    assert!(
+        common::eventually(Duration::from_secs(10), || client.waiters() == 0
+            && client.subscribed_channels() == 0
+            && numsub(redis, channel) == 0)
+        .await,
+        "left behind: waiters={} channels={} numsub={}",
+        client.waiters(),
+        client.subscribed_channels(),
+        numsub(redis, channel)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_hands_off_to_a_waiter_without_polling() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let guard = holder.lock("handoff").unwrap().lock().await.unwrap();
+
+    cmd(&redis, &["CONFIG", "RESETSTAT"]);
+    let lock = waiter.lock("handoff").unwrap();
+    let waiting = tokio::spawn(async move { lock.lock().await.unwrap() });
+    // Wait for the event "the waiter is subscribed and parked", not for a time.
+    assert!(common::eventually(Duration::from_secs(10), || numsub(&redis, "leasehold:{handoff}:released") == 1).await);
+    assert_eq!(waiter.waiters(), 1);
+    // Hold on a while: a poller would spin here.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    guard.unlock().await.unwrap();
+    let acquired = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("woken by the release, long before the 30 s lease")
+        .unwrap();
+    let scripts = redis.command_calls("evalsha").unwrap() + redis.command_calls("eval").unwrap();
+    // Waiter: failed try, retry after subscribing, winning try; holder: the release.
+    assert!(scripts <= 4, "{scripts} script calls: the waiter polled");
+    assert_eq!(redis.command_calls("subscribe").unwrap(), 1);
+    acquired.unlock().await.unwrap();
+    assert_nothing_left(&redis, &waiter, "leasehold:{handoff}:released").await;
+}
+
+/// 64 waiters over 4 clients, each taking the lock 3 times: everyone is served, holds never
+/// overlap, fencing tokens rise in hold order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_waiters_on_four_clients_never_overlap() {
+    let redis = server();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(common::client(&redis.url()).await);
+    }
+    let intervals: Arc<Mutex<Vec<(Instant, Instant, u64)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let lock = clients[i % 4].lock("contended").unwrap();
+        let intervals = intervals.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let guard = lock.lock().await.unwrap();
+                let start = Instant::now();
+                tokio::task::yield_now().await;
+                let token = guard.fencing_token().get();
+                let end = Instant::now();
+                intervals.lock().push((start, end, token));
+                guard.unlock().await.unwrap();
+            }
+        }));
+    }
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), all)
+        .await
+        .expect("every waiter is served");
+    let mut intervals = intervals.lock().clone();
+    assert_eq!(intervals.len(), 64 * 3);
+    intervals.sort_by_key(|(start, _, _)| *start);
+    for pair in intervals.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "holds overlap: {pair:?}");
+        assert!(pair[1].2 > pair[0].2, "tokens rise in hold order: {pair:?}");
+    }
+    for client in &clients {
+        assert_nothing_left(&redis, client, "leasehold:{contended}:released").await;
+    }
+    assert!(!exists(&redis, "leasehold:{contended}"));
+}
+
+#[tokio::test]
+async fn a_bounded_wait_times_out_and_leaves_nothing() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let guard = holder.lock("busy").unwrap().lock().await.unwrap();
+    let started = Instant::now();
+    let got = waiter
+        .lock("busy")
+        .unwrap()
+        .try_lock_for(Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(got.is_none(), "timed out");
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_nothing_left(&redis, &waiter, "leasehold:{busy}:released").await;
+    assert_eq!(
+        common::hget(&redis, "leasehold:{busy}", guard.owner().id()),
+        Some(1),
+        "the holder's hash is untouched"
+    );
+    // Zero wait never waits and never subscribes.
+    let got = waiter.lock("busy").unwrap().try_lock_for(Duration::ZERO).await.unwrap();
+    assert!(got.is_none());
+    assert_eq!(waiter.subscribed_channels(), 0);
+    guard.unlock().await.unwrap();
+}
+
+/// Entry point of the "holder" child process: run only when the parent test sets the
+/// variables; as a plain test it returns at once.
+#[test]
+fn child_holder_entry_point() {
+    let (Ok(url), Ok(name)) = (
+        std::env::var("LEASEHOLD_CHILD_URL"),
+        std::env::var("LEASEHOLD_CHILD_LOCK"),
+    ) else {
+        return;
+    };
+    let lease_ms: u64 = std::env::var("LEASEHOLD_CHILD_LEASE_MS").unwrap().parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = LockClient::builder(&url)
+            .lease(Duration::from_millis(lease_ms))
+            .build()
+            .await
+            .unwrap();
+        let guard = client.lock(&name).unwrap().lock().await.unwrap();
+        println!("LOCKED token={}", guard.fencing_token());
+        std::future::pending::<()>().await;
+    });
+}
+
+fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "child_holder_entry_point", "--nocapture", "--test-threads=1"])
+        .env("LEASEHOLD_CHILD_URL", redis.url())
+        .env("LEASEHOLD_CHILD_LOCK", name)
+        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string());
+    let child = ChildProcess::spawn(command).unwrap();
+    child
+        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
+        .unwrap();
+    child
+}
+
+/// A holder process is SIGKILLed: nothing publishes, the key expires with its lease, and the
+/// waiter wakes on its timer and acquires soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_acquires_soon_after_a_killed_holders_lease_ends() {
+    let redis = server();
+    let lease = Duration::from_millis(1500);
+    let holder = spawn_holder(&redis, "crash", lease);
+    let waiter = client(&redis.url()).await;
+    let lock = waiter.lock("crash").unwrap();
+    let waiting = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(60)).await });
+    assert!(common::eventually(Duration::from_secs(10), || numsub(&redis, "leasehold:{crash}:released") == 1).await);
+    holder.kill().unwrap();
+    let killed_at = Instant::now();
+    let guard = waiting.await.unwrap().unwrap().expect("acquired after the lease");
+    let after = killed_at.elapsed();
+    // The key lives at most one lease after the kill (the watchdog renewed it at most then).
+    assert!(after <= lease + Duration::from_secs(3), "took {after:?}");
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waits_leave_nothing_behind() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let guard = holder.lock("cancel").unwrap().lock().await.unwrap();
+    let channel = "leasehold:{cancel}:released";
+
+    // Abort at many points of the waiting path: before the first try, mid-try, mid-subscribe,
+    // while parked. Steps of yields make the points land differently on each round.
+    for step in 0..40u32 {
+        let lock = waiter.lock("cancel").unwrap();
+        let task = tokio::spawn(async move { lock.lock().await });
+        for _ in 0..step {
+            tokio::task::yield_now().await;
+        }
+        if step % 4 == 0 {
+            tokio::time::sleep(Duration::from_micros(200 * step as u64)).await;
+        }
+        task.abort();
+        let _ = task.await;
+    }
+    // tokio::time::timeout and select! drop the future the same way.
+    let lock = waiter.lock("cancel").unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(50), lock.lock()).await.is_err());
+    tokio::select! {
+        _ = lock.lock() => panic!("the lock is held"),
+        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+    }
+    assert_nothing_left(&redis, &waiter, channel).await;
+    // Only the holder holds.
+    let holders = cmd(&redis, &["HKEYS", "leasehold:{cancel}"]);
+    assert_eq!(holders.as_array().unwrap().len(), 1);
+    guard.unlock().await.unwrap();
+    assert!(!exists(&redis, "leasehold:{cancel}"));
+}
+
+/// Cancelling an acquire of a FREE lock at every point: either it never ran, or it was undone,
+/// or the guard it produced was dropped. The lock ends up free every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_of_a_free_lock_leave_no_hold() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    for step in 0..40u32 {
+        let lock = client.lock("free").unwrap();
+        let task = tokio::spawn(async move { lock.lock().await.map(|g| Box::new(g) as Box<LockGuard>) });
+        for _ in 0..step {
+            tokio::task::yield_now().await;
+        }
+        task.abort();
+        let _ = task.await;
+        assert!(
+            common::eventually(Duration::from_secs(10), || !exists(&redis, "leasehold:{free}")).await,
+            "step {step}: a hold was left behind"
+        );
+    }
+    assert_eq!(client.watchdog_stats().holds, 0);
+}
+
+/// The subscriber connection is killed while tasks wait: they resubscribe, are woken, and all
+/// acquire once the lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_survive_a_killed_subscriber_connection() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let guard = holder.lock("pubsub-kill").unwrap().lock().await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let lock = waiter.lock("pubsub-kill").unwrap();
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            guard.unlock().await.unwrap();
+        }));
+    }
+    assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 4).await);
+    cmd(&redis, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+    guard.unlock().await.unwrap();
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("every waiter acquired after the subscriber was killed");
+    assert_nothing_left(&redis, &waiter, "leasehold:{pubsub-kill}:released").await;
+}
+
+/// The server restarts (all data lost) while tasks wait: nothing hangs, everyone acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_survive_a_server_restart() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let _guard = holder.lock("restart").unwrap().lock().await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let lock = waiter.lock("restart").unwrap();
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            guard.unlock().await.unwrap();
+        }));
+    }
+    assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 4).await);
+    redis.restart().unwrap();
+    let all = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("every waiter acquired after the restart");
+    assert_nothing_left(&redis, &waiter, "leasehold:{restart}:released").await;
+}
