@@ -1,0 +1,154 @@
+//! Renewal cadence and batching under tokio's paused clock, with a renewer that records calls
+//! instead of talking to Redis (timing only; lock semantics are tested against real Redis in
+//! the facade's tests).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix};
+use leasehold_watchdog::{RenewFuture, Renewer, Watchdog, WatchdogConfig};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+#[derive(Clone, Default)]
+struct Recorder {
+    calls: Arc<Mutex<Vec<(Instant, usize)>>>,
+    /// Holds (by lock hash) that the "server" reports gone.
+    gone: Arc<Mutex<Vec<String>>>,
+    fail: Arc<Mutex<bool>>,
+}
+
+impl Renewer for Recorder {
+    fn renew(&self, holds: Vec<(Arc<str>, Owner)>, _lease_ms: u64) -> RenewFuture {
+        self.calls.lock().push((Instant::now(), holds.len()));
+        let gone = self.gone.lock().clone();
+        let fail = *self.fail.lock();
+        Box::pin(async move {
+            if fail {
+                return Err(LockError::Redis("injected".into()));
+            }
+            Ok(holds.iter().map(|(k, _)| !gone.iter().any(|g| **g == **k)).collect())
+        })
+    }
+}
+
+fn keys(name: &str) -> LockKeys {
+    LockKeys::new(&Prefix::default(), name).unwrap()
+}
+
+fn config(lease_secs: u64) -> WatchdogConfig {
+    WatchdogConfig {
+        lease: Duration::from_secs(lease_secs),
+        batch_size: 1000,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_every_third_of_the_lease_and_stops_on_release() {
+    let recorder = Recorder::default();
+    let watchdog = Watchdog::start(recorder.clone(), config(30));
+    let owner = ClientId::random().new_owner();
+    let start = Instant::now();
+    let hold = watchdog.watch(&keys("job"), &owner, start);
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let offsets: Vec<u64> = recorder
+        .calls
+        .lock()
+        .iter()
+        .map(|(at, _)| (*at - start).as_secs())
+        .collect();
+    assert_eq!(offsets, vec![10, 20, 30], "renewed at lease/3 intervals");
+    assert!(hold.lease().is_held());
+
+    drop(hold);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(recorder.calls.lock().len(), 3, "no renewal after release");
+    assert_eq!(watchdog.stats().holds, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reentrant_holds_share_one_renewal_until_the_last_is_dropped() {
+    let recorder = Recorder::default();
+    let watchdog = Watchdog::start(recorder.clone(), config(30));
+    let owner = ClientId::random().new_owner();
+    let outer = watchdog.watch(&keys("nested"), &owner, Instant::now());
+    let inner = watchdog.watch(&keys("nested"), &owner, Instant::now());
+    assert_eq!(watchdog.stats().holds, 1);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(recorder.calls.lock().as_slice()[0].1, 1, "one renewal for both");
+    drop(inner);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(recorder.calls.lock().len(), 2, "still renewed for the outer hold");
+    drop(outer);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(recorder.calls.lock().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_holds_cost_one_call_per_batch() {
+    let recorder = Recorder::default();
+    let watchdog = Watchdog::start(recorder.clone(), config(30));
+    let owner = ClientId::random().new_owner();
+    let mut holds = Vec::new();
+    // 2,500 holds acquired over 3 s: renewed together in batches of 1,000.
+    for i in 0..2500 {
+        holds.push(watchdog.watch(&keys(&format!("lock-{i}")), &owner, Instant::now()));
+        if i % 100 == 0 {
+            tokio::time::sleep(Duration::from_millis(120)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let calls = recorder.calls.lock().clone();
+    let renewed: usize = calls.iter().map(|(_, n)| n).sum();
+    assert!(renewed >= 2500 * 2, "each hold renewed at least twice: {renewed}");
+    assert!(calls.iter().all(|(_, n)| *n <= 1000));
+    // Three batches per tick, and ticks at most every lease/6 apart.
+    assert!(calls.len() <= 3 * 6, "{} calls for 2,500 holds over 31 s", calls.len());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hold_found_gone_is_marked_lost() {
+    let recorder = Recorder::default();
+    let watchdog = Watchdog::start(recorder.clone(), config(30));
+    let owner = ClientId::random().new_owner();
+    let hold = watchdog.watch(&keys("taken"), &owner, Instant::now());
+    recorder.gone.lock().push("leasehold:{taken}".into());
+    let start = Instant::now();
+    hold.lease().lost().await;
+    assert_eq!(start.elapsed(), Duration::from_secs(10), "lost at the first renewal");
+    assert!(!hold.lease().is_held());
+    assert_eq!(watchdog.stats().lost, 1);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(recorder.calls.lock().len(), 1, "no renewal of a lost hold");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_are_retried_and_the_deadline_declares_loss() {
+    let recorder = Recorder::default();
+    *recorder.fail.lock() = true;
+    let watchdog = Watchdog::start(recorder.clone(), config(30));
+    let owner = ClientId::random().new_owner();
+    let start = Instant::now();
+    let hold = watchdog.watch(&keys("unreachable"), &owner, start);
+    hold.lease().lost().await;
+    let lost_after = start.elapsed();
+    // Lost at the local deadline (lease - drift), not at the first failed renewal.
+    assert!(lost_after >= Duration::from_secs(29) && lost_after <= Duration::from_secs(30), "{lost_after:?}");
+    let calls = recorder.calls.lock().len();
+    assert!(calls >= 10, "retried after each failure: {calls} calls");
+    assert!(watchdog.stats().errors >= 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_renewal_keeps_the_hold() {
+    let recorder = Recorder::default();
+    *recorder.fail.lock() = true;
+    let watchdog = Watchdog::start(recorder.clone(), config(30));
+    let owner = ClientId::random().new_owner();
+    let hold = watchdog.watch(&keys("flaky"), &owner, Instant::now());
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    *recorder.fail.lock() = false;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(hold.lease().is_held(), "renewals resumed before the deadline");
+    assert_eq!(watchdog.stats().lost, 0);
+}

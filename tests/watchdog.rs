@@ -1,0 +1,199 @@
+//! Lease renewal and lost-lease detection against real redis-servers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{client_with_lease, cmd, exists, server};
+use leasehold::{LockClient, LockError};
+use leasehold_testkit::{ChildProcess, RedisServer};
+use tokio::time::Instant;
+
+const LEASE: Duration = Duration::from_millis(1500);
+
+fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    cmd(redis, &["PTTL", key]).as_int().unwrap()
+}
+
+/// A job holding the lock for 3x the lease keeps it: nobody else gets in, and the key's TTL
+/// never drops under lease/3 while held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_longer_than_the_lease_keeps_the_lock() {
+    let redis = server();
+    let holder = client_with_lease(&redis.url(), LEASE).await;
+    let other = common::client(&redis.url()).await;
+    let guard = holder.lock("long-job").unwrap().lock().await.unwrap();
+    let until = Instant::now() + LEASE * 3;
+    let mut samples = 0;
+    let mut min_pttl = i64::MAX;
+    while Instant::now() < until {
+        let ttl = pttl(&redis, "leasehold:{long-job}");
+        min_pttl = min_pttl.min(ttl);
+        samples += 1;
+        assert!(
+            other.lock("long-job").unwrap().try_lock().await.unwrap().is_none(),
+            "another client got in while the job ran"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(samples > 20);
+    assert!(
+        min_pttl > (LEASE / 3).as_millis() as i64,
+        "PTTL fell to {min_pttl} ms (lease/3 = {} ms)",
+        (LEASE / 3).as_millis()
+    );
+    assert!(guard.is_held());
+    assert!(holder.watchdog_stats().renewed >= 6, "{:?}", holder.watchdog_stats());
+    guard.unlock().await.unwrap();
+    let calls = holder.watchdog_stats().renew_calls;
+    tokio::time::sleep(LEASE).await; // a whole lease without a renewal tick firing
+    assert_eq!(holder.watchdog_stats().renew_calls, calls, "no zombie renewal after unlock");
+    assert_eq!(holder.watchdog_stats().holds, 0);
+}
+
+#[tokio::test]
+async fn an_explicit_lease_is_never_renewed() {
+    let redis = server();
+    let client = client_with_lease(&redis.url(), Duration::from_millis(300)).await;
+    let guard = client
+        .lock("fixed")
+        .unwrap()
+        .try_lock_with_lease(Duration::from_millis(400))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(client.watchdog_stats().holds, 0);
+    guard.lost().await; // the local deadline passes
+    assert!(!guard.is_held());
+    assert!(common::eventually(Duration::from_secs(5), || !exists(&redis, "leasehold:{fixed}")).await);
+    assert_eq!(client.watchdog_stats().renew_calls, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_unlock_is_noticed_within_one_renewal_period() {
+    let redis = server();
+    let holder = client_with_lease(&redis.url(), LEASE).await;
+    let operator = common::client(&redis.url()).await;
+    let guard = holder.lock("forced").unwrap().lock().await.unwrap();
+    assert!(operator.lock("forced").unwrap().force_unlock().await.unwrap());
+    let forced_at = Instant::now();
+    tokio::time::timeout(LEASE / 3 + Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the next renewal found the lock gone");
+    assert!(forced_at.elapsed() <= LEASE / 3 + Duration::from_secs(2));
+    assert!(!guard.is_held());
+    assert!(matches!(guard.unlock().await, Err(LockError::NotHeld { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_under_the_lease_is_cancelled_when_it_is_lost() {
+    let redis = server();
+    let holder = client_with_lease(&redis.url(), LEASE).await;
+    let guard = holder.lock("cancel-work").unwrap().lock().await.unwrap();
+    let lock = holder.lock("cancel-work").unwrap();
+    let forcer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        lock.force_unlock().await.unwrap();
+    });
+    let result = guard.run_while_held(std::future::pending::<()>()).await;
+    assert!(matches!(result, Err(LockError::LeaseLost { .. })), "{result:?}");
+    forcer.await.unwrap();
+    // Finished work returns its value while the lease holds.
+    let guard = holder.lock("cancel-work").unwrap().lock().await.unwrap();
+    assert_eq!(guard.run_while_held(async { 7 }).await.unwrap(), 7);
+    guard.unlock().await.unwrap();
+}
+
+/// Redis stops answering (SIGSTOP) for longer than the lease: the holder cannot know whether
+/// its lease survived, so `is_held()` turns false at the local deadline without any reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_makes_the_hold_lost_by_the_local_deadline() {
+    let redis = server();
+    let holder = LockClient::builder(&redis.url())
+        .lease(LEASE)
+        .command_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let guard = holder.lock("paused").unwrap().lock().await.unwrap();
+    let deadline = guard.valid_until();
+    redis.pause().unwrap();
+    tokio::time::timeout(LEASE + Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost by the local deadline");
+    assert!(Instant::now() >= deadline, "not declared lost before the deadline");
+    assert!(!guard.is_held());
+    redis.resume().unwrap();
+    drop(guard);
+}
+
+/// Renewal errors (connection killed) are retried; the hold survives a short outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_errors_are_retried() {
+    let redis = server();
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let holder = LockClient::builder(&proxy.url())
+        .lease(Duration::from_secs(3))
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let guard = holder.lock("outage").unwrap().lock().await.unwrap();
+    // Slow the link past the command timeout for a while: renewals in that window time out.
+    proxy.set_latency(Duration::from_millis(600));
+    assert!(
+        common::eventually(Duration::from_secs(10), || holder.watchdog_stats().errors >= 1).await,
+        "a renewal failed"
+    );
+    proxy.set_latency(Duration::ZERO);
+    let renewed = holder.watchdog_stats().renewed;
+    assert!(
+        common::eventually(Duration::from_secs(10), || holder.watchdog_stats().renewed > renewed).await,
+        "renewal resumed: {:?}",
+        holder.watchdog_stats()
+    );
+    assert!(guard.is_held(), "a short outage does not lose the hold");
+    guard.unlock().await.unwrap();
+}
+
+/// Entry point of the holder child process (see waiting.rs); a no-op as a plain test.
+#[test]
+fn child_holder_entry_point() {
+    let (Ok(url), Ok(name)) = (
+        std::env::var("LEASEHOLD_CHILD_URL"),
+        std::env::var("LEASEHOLD_CHILD_LOCK"),
+    ) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = client_with_lease(&url, LEASE).await;
+        let guard = client.lock(&name).unwrap().lock().await.unwrap();
+        println!("LOCKED token={}", guard.fencing_token());
+        std::future::pending::<()>().await;
+    });
+}
+
+/// A SIGKILLed holder stops renewing: its key expires within one lease. No immortal locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_lock_expires_within_the_lease() {
+    let redis = server();
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "child_holder_entry_point", "--nocapture", "--test-threads=1"])
+        .env("LEASEHOLD_CHILD_URL", redis.url())
+        .env("LEASEHOLD_CHILD_LOCK", "mortal");
+    let child = ChildProcess::spawn(command).unwrap();
+    child
+        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
+        .unwrap();
+    // Let the watchdog renew at least once, so the test shows renewal stops with the process.
+    tokio::time::sleep(LEASE / 2).await;
+    child.kill().unwrap();
+    let killed = Instant::now();
+    assert!(
+        common::eventually(LEASE + Duration::from_secs(3), || !exists(&redis, "leasehold:{mortal}")).await,
+        "the key outlived its lease"
+    );
+    assert!(killed.elapsed() <= LEASE + Duration::from_secs(1), "{:?}", killed.elapsed());
+}
