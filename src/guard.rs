@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use leasehold_core::{commands, FencingToken, LockError, LockKeys, Owner, Result};
 use leasehold_watchdog::{Hold, LeaseState};
@@ -177,6 +178,38 @@ impl LockGuard {
                 owner: self.owner.to_string(),
             }),
             Err(error) => Err(self.client.map_err(error)),
+        }
+    }
+}
+
+impl LockGuard {
+    /// Lets this hold end by itself `after` from now instead of releasing it: sets the lock's
+    /// remaining lease to `after` (if the owner still holds it) and stops renewal. ShedLock's
+    /// "lock at least for": a job that finished early keeps other instances out until its
+    /// slot is over. Releasing early is still possible through [`Lock::unlock`](crate::Lock::unlock).
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when the owner no longer holds the lock;
+    /// [`LockError::InvalidArgument`] for a duration under 1 ms or over the maximum lease.
+    pub async fn unlock_after(mut self, after: Duration) -> Result<()> {
+        let after_ms = leasehold_core::lease_millis(after)?;
+        self.lease.take();
+        self.client.remove_local_hold(&self.keys, &self.owner);
+        self.client.ready().await;
+        let renewed = commands::renew(
+            &self.client.redis,
+            &[(self.keys.hash(), self.owner.id())],
+            after_ms,
+        )
+        .await
+        .map_err(|e| self.client.map_err(e))?;
+        if renewed.first() == Some(&true) {
+            Ok(())
+        } else {
+            Err(LockError::NotHeld {
+                name: self.keys.name().to_string(),
+                owner: self.owner.to_string(),
+            })
         }
     }
 }

@@ -28,6 +28,7 @@
 mod client;
 mod guard;
 mod lock;
+pub mod schedule;
 
 pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_LEASE};
 pub use guard::LockGuard;
