@@ -1,0 +1,218 @@
+//! Contended handoff: W workers over 4 clients take one lock in turn, hold it ~1 ms, release,
+//! and ask again at once. Compared with two polling locks written here: SET NX PX + a fixed
+//! sleep of 100 ms (redis-py's Lock default) and of 10 ms (npm redis-semaphore).
+//!
+//! Pollers look good on the gap median because the releaser grabs the lock straight back while
+//! the others sleep; that is why workers served and the longest wait are reported.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::scripts::Script;
+use fred::types::Expiration;
+use fred::types::SetOptions;
+use hdrhistogram::Histogram;
+use leasehold::LockClient;
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::redis_stats::{Admin, LEASEHOLD_COMMANDS, POLLING_COMMANDS};
+
+const CLIENTS: usize = 4;
+const HOLD: Duration = Duration::from_millis(1);
+const NAME: &str = "bench:handoff";
+
+/// Which lock the workers use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Leasehold,
+    /// SET NX PX, and on failure sleep this long before retrying.
+    Polling(Duration),
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Handoff {
+    pub(crate) waiters: usize,
+    pub(crate) acquisitions: u64,
+    pub(crate) acq_per_sec: f64,
+    pub(crate) gap_p50_us: u64,
+    pub(crate) gap_p99_us: u64,
+    pub(crate) round_trips_per_acquisition: f64,
+    pub(crate) workers_served: usize,
+    pub(crate) max_wait_ms: f64,
+    /// Gap percentiles (p, µs) for the plot; not part of the JSON contract.
+    #[serde(skip)]
+    pub(crate) gap_curve: Vec<(f64, u64)>,
+}
+
+struct Hold {
+    acquired: Instant,
+    released: Instant,
+}
+
+#[derive(Default)]
+struct Record {
+    holds: Vec<Hold>,
+    max_wait: Duration,
+    served: Vec<u64>,
+}
+
+pub(crate) async fn run(
+    url: &str,
+    admin: &Admin,
+    kind: Kind,
+    waiters: usize,
+    duration: Duration,
+) -> anyhow::Result<Handoff> {
+    let record = Arc::new(Mutex::new(Record {
+        served: vec![0; waiters],
+        ..Record::default()
+    }));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(LockClient::connect(url).await?);
+    }
+    let release = Script::from_lua(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+    if let Kind::Polling(_) = kind {
+        for client in &clients {
+            let _: String = client
+                .redis()
+                .script_load(release.lua().unwrap().to_string())
+                .await?;
+        }
+    }
+    admin.reset_stats().await?;
+    let started = Instant::now();
+    let end = started + duration;
+    let mut handles = Vec::new();
+    for worker in 0..waiters {
+        let client = clients[worker % CLIENTS].clone();
+        let record = record.clone();
+        let release = release.clone();
+        handles.push(tokio::spawn(async move {
+            match kind {
+                Kind::Leasehold => leasehold_worker(client, worker, end, record).await,
+                Kind::Polling(sleep) => {
+                    polling_worker(client, worker, end, sleep, release, record).await
+                }
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    let elapsed = started.elapsed();
+    let commands = match kind {
+        Kind::Leasehold => LEASEHOLD_COMMANDS,
+        Kind::Polling(_) => POLLING_COMMANDS,
+    };
+    let round_trips = admin.calls(commands).await?;
+    let mut record = Arc::try_unwrap(record)
+        .map_err(|_| anyhow::anyhow!("workers still hold the record"))?
+        .into_inner();
+    record.holds.sort_by_key(|h| h.acquired);
+    let mut gaps = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for pair in record.holds.windows(2) {
+        let gap = pair[1].acquired.saturating_duration_since(pair[0].released);
+        gaps.record((gap.as_micros() as u64).max(1))?;
+    }
+    let acquisitions = record.holds.len() as u64;
+    let gap_curve = [50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 100.0]
+        .iter()
+        .map(|p| (*p, gaps.value_at_percentile(*p)))
+        .collect();
+    Ok(Handoff {
+        waiters,
+        acquisitions,
+        acq_per_sec: acquisitions as f64 / elapsed.as_secs_f64(),
+        gap_p50_us: gaps.value_at_quantile(0.50),
+        gap_p99_us: gaps.value_at_quantile(0.99),
+        round_trips_per_acquisition: round_trips as f64 / acquisitions.max(1) as f64,
+        workers_served: record.served.iter().filter(|n| **n > 0).count(),
+        max_wait_ms: record.max_wait.as_secs_f64() * 1000.0,
+        gap_curve,
+    })
+}
+
+async fn leasehold_worker(
+    client: LockClient,
+    worker: usize,
+    end: Instant,
+    record: Arc<Mutex<Record>>,
+) -> anyhow::Result<()> {
+    let lock = client.lock(NAME)?;
+    loop {
+        let asked = Instant::now();
+        if asked >= end {
+            return Ok(());
+        }
+        let guard = lock.try_lock_for(end - asked).await?;
+        let acquired = Instant::now();
+        note_wait(&record, acquired - asked);
+        let Some(guard) = guard else { return Ok(()) };
+        tokio::time::sleep(HOLD).await;
+        guard.unlock().await?;
+        note_hold(&record, worker, acquired, Instant::now());
+    }
+}
+
+async fn polling_worker(
+    client: LockClient,
+    worker: usize,
+    end: Instant,
+    sleep: Duration,
+    release: Script,
+    record: Arc<Mutex<Record>>,
+) -> anyhow::Result<()> {
+    let redis = client.redis().clone();
+    let token = format!("worker-{worker}");
+    loop {
+        let asked = Instant::now();
+        if asked >= end {
+            return Ok(());
+        }
+        let acquired = loop {
+            let set: Option<String> = redis
+                .set(
+                    NAME,
+                    token.as_str(),
+                    Some(Expiration::PX(30_000)),
+                    Some(SetOptions::NX),
+                    false,
+                )
+                .await?;
+            if set.is_some() {
+                break Some(Instant::now());
+            }
+            if Instant::now() + sleep >= end {
+                break None;
+            }
+            tokio::time::sleep(sleep).await;
+        };
+        let Some(acquired) = acquired else {
+            note_wait(&record, Instant::now() - asked);
+            return Ok(());
+        };
+        note_wait(&record, acquired - asked);
+        tokio::time::sleep(HOLD).await;
+        let _: i64 = redis
+            .evalsha(&**release.sha1(), NAME, token.as_str())
+            .await?;
+        note_hold(&record, worker, acquired, Instant::now());
+    }
+}
+
+fn note_wait(record: &Mutex<Record>, wait: Duration) {
+    let mut record = record.lock();
+    record.max_wait = record.max_wait.max(wait);
+}
+
+fn note_hold(record: &Mutex<Record>, worker: usize, acquired: Instant, released: Instant) {
+    let mut record = record.lock();
+    record.holds.push(Hold { acquired, released });
+    record.served[worker] += 1;
+}

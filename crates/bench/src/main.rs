@@ -1,0 +1,177 @@
+//! `leasehold-bench`: the benchmark harness (`just bench`).
+//!
+//! Every scenario runs against a baseline in the same run, so machine noise cancels in the
+//! ratios: raw fred EVALSHA calls for the uncontended path, and two polling locks (SET NX PX
+//! plus a fixed sleep, as redis-py and redis-semaphore do) for the contended handoff. It starts
+//! its own redis-server (testkit) unless `REDIS_URL` is set.
+
+mod crash;
+mod handoff;
+mod plot;
+mod redis_stats;
+mod report;
+mod uncontended;
+mod watchdog;
+
+use std::alloc::System;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
+
+/// Counts heap allocations, for the watchdog's bytes-per-hold figure.
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "leasehold-bench",
+    about = "leasehold benchmarks against the round-trip limit and polling locks"
+)]
+struct Args {
+    /// Short run (under 60 s on a 2-core machine).
+    #[arg(long)]
+    quick: bool,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write the handoff-gap plot (SVG) into this directory.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Concurrent tasks in the uncontended scenario.
+    #[arg(long, default_value_t = 64)]
+    tasks: usize,
+    /// Waiters in the handoff scenario (spread over 4 clients).
+    #[arg(long, default_value_t = 16)]
+    waiters: usize,
+    /// Holds kept by one client in the watchdog scenario.
+    #[arg(long, default_value_t = 10_000)]
+    holds: usize,
+    /// Run only these scenarios (comma-separated: uncontended, handoff, crash, watchdog).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// (internal) Hold a lock with an explicit lease and wait to be killed: the crash scenario's
+    /// holder process.
+    #[command(hide = true)]
+    Hold {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        lease_ms: u64,
+    },
+}
+
+/// Scenario durations.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    pub(crate) uncontended: Duration,
+    pub(crate) handoff: Duration,
+    pub(crate) crash_trials: usize,
+    pub(crate) watchdog_lease: Duration,
+    pub(crate) watchdog_ticks: u32,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                uncontended: Duration::from_secs(2),
+                handoff: Duration::from_secs(3),
+                crash_trials: 2,
+                watchdog_lease: Duration::from_millis(1500),
+                watchdog_ticks: 4,
+            }
+        } else {
+            Plan {
+                uncontended: Duration::from_secs(10),
+                handoff: Duration::from_secs(15),
+                crash_trials: 7,
+                watchdog_lease: Duration::from_secs(3),
+                watchdog_ticks: 10,
+            }
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    if let Some(Command::Hold {
+        url,
+        name,
+        lease_ms,
+    }) = args.command
+    {
+        return runtime.block_on(crash::hold(&url, &name, lease_ms));
+    }
+    let plan = Plan::new(args.quick);
+    let server = match std::env::var("REDIS_URL") {
+        Ok(_) => None,
+        Err(_) => Some(leasehold_testkit::RedisServer::start()?),
+    };
+    let url =
+        std::env::var("REDIS_URL").unwrap_or_else(|_| server.as_ref().expect("spawned").url());
+    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+    let mut results = report::Results::default();
+    runtime.block_on(async {
+        let admin = redis_stats::Admin::connect(&url).await?;
+        if wanted("uncontended") {
+            admin.flush().await?;
+            results.uncontended = Some(uncontended::run(&url, args.tasks, plan.uncontended).await?);
+            admin.flush().await?;
+            results.uncontended_sequential =
+                Some(uncontended::run(&url, 1, plan.uncontended).await?);
+        }
+        if wanted("handoff") {
+            for kind in [
+                handoff::Kind::Leasehold,
+                handoff::Kind::Polling(Duration::from_millis(100)),
+                handoff::Kind::Polling(Duration::from_millis(10)),
+            ] {
+                admin.flush().await?;
+                let run = handoff::run(&url, &admin, kind, args.waiters, plan.handoff).await?;
+                results.set_handoff(kind, run);
+            }
+        }
+        if wanted("crash") {
+            admin.flush().await?;
+            results.crash_recovery = Some(crash::run(&url, &admin, plan.crash_trials).await?);
+        }
+        if wanted("watchdog") {
+            admin.flush().await?;
+            results.watchdog = Some(
+                watchdog::run(
+                    &url,
+                    args.holds,
+                    plan.watchdog_lease,
+                    plan.watchdog_ticks,
+                    GLOBAL,
+                )
+                .await?,
+            );
+        }
+        admin.flush().await?;
+        anyhow::Ok(())
+    })?;
+    report::print_table(&results, args.quick);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&results.to_json())?)?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(dir) = &args.plot {
+        let path = plot::handoff_gaps(&results, dir)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

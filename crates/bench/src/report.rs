@@ -1,0 +1,97 @@
+//! The results: a table on stdout and the JSON shape `bars` reads.
+
+use serde_json::{json, Value};
+
+use crate::crash::CrashRecovery;
+use crate::handoff::{Handoff, Kind};
+use crate::uncontended::Uncontended;
+use crate::watchdog::WatchdogRun;
+
+#[derive(Default)]
+pub(crate) struct Results {
+    pub(crate) uncontended: Option<Uncontended>,
+    pub(crate) uncontended_sequential: Option<Uncontended>,
+    pub(crate) handoff: Option<Handoff>,
+    pub(crate) handoff_polling_100ms: Option<Handoff>,
+    pub(crate) handoff_polling_10ms: Option<Handoff>,
+    pub(crate) crash_recovery: Option<CrashRecovery>,
+    pub(crate) watchdog: Option<WatchdogRun>,
+}
+
+impl Results {
+    pub(crate) fn set_handoff(&mut self, kind: Kind, run: Handoff) {
+        match kind {
+            Kind::Leasehold => self.handoff = Some(run),
+            Kind::Polling(d) if d.as_millis() >= 100 => self.handoff_polling_100ms = Some(run),
+            Kind::Polling(_) => self.handoff_polling_10ms = Some(run),
+        }
+    }
+
+    pub(crate) fn to_json(&self) -> Value {
+        json!({
+            "uncontended": self.uncontended,
+            "uncontended_sequential": self.uncontended_sequential,
+            "handoff": self.handoff,
+            "handoff_polling_100ms": self.handoff_polling_100ms,
+            "handoff_polling_10ms": self.handoff_polling_10ms,
+            "crash_recovery": self.crash_recovery,
+            "watchdog": self.watchdog,
+        })
+    }
+}
+
+pub(crate) fn print_table(results: &Results, quick: bool) {
+    println!(
+        "leasehold-bench ({} run)",
+        if quick { "quick" } else { "full" }
+    );
+    for (label, run) in [
+        ("uncontended", &results.uncontended),
+        ("uncontended_sequential", &results.uncontended_sequential),
+    ] {
+        if let Some(u) = run {
+            println!(
+                "{label:<24} tasks={:<3} pairs/s={:>9.0}  baseline calls/s={:>9.0}  ratio_to_limit={:.2} (target >= 0.8)",
+                u.tasks, u.pairs_per_sec, u.baseline_calls_per_sec, u.ratio_to_limit
+            );
+        }
+    }
+    let handoffs = [
+        ("handoff (leasehold)", &results.handoff),
+        ("handoff_polling_100ms", &results.handoff_polling_100ms),
+        ("handoff_polling_10ms", &results.handoff_polling_10ms),
+    ];
+    if handoffs.iter().any(|(_, h)| h.is_some()) {
+        println!(
+            "{:<24} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>11}",
+            "", "acq", "acq/s", "gap p50", "gap p99", "rt/acq", "served", "max wait"
+        );
+    }
+    for (label, run) in handoffs {
+        if let Some(h) = run {
+            println!(
+                "{label:<24} {:>7} {:>8.0} {:>7}us {:>7}us {:>10.2} {:>4}/{:<2} {:>9.1}ms",
+                h.acquisitions,
+                h.acq_per_sec,
+                h.gap_p50_us,
+                h.gap_p99_us,
+                h.round_trips_per_acquisition,
+                h.workers_served,
+                h.waiters,
+                h.max_wait_ms
+            );
+        }
+    }
+    if let Some(c) = &results.crash_recovery {
+        println!(
+            "{:<24} lease={}ms  acquired {:.1} ms after the key expired (median; target < 10 ms)",
+            "crash_recovery", c.lease_ms, c.delay_after_expiry_ms
+        );
+    }
+    if let Some(w) = &results.watchdog {
+        println!(
+            "{:<24} holds={}  round trips/tick={:.1}  cpu={:.1} ms/s  memory={:.0} bytes/hold",
+            "watchdog", w.holds, w.round_trips_per_tick, w.cpu_ms_per_sec, w.bytes_per_hold
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! Uncontended lock + unlock on fresh names, against the client stack's limit: the same tasks
+//! calling EVALSHA of a trivial script through the same fred client. A lock + unlock pair is two
+//! round trips, so `ratio_to_limit = 2 x pairs/s / baseline calls/s` (1.0 = at the limit).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::interfaces::LuaInterface;
+use leasehold::LockClient;
+use serde::Serialize;
+use tokio::time::Instant;
+
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Uncontended {
+    pub(crate) tasks: usize,
+    pub(crate) pairs_per_sec: f64,
+    pub(crate) baseline_calls_per_sec: f64,
+    pub(crate) ratio_to_limit: f64,
+}
+
+/// Runs `rounds` alternating slices of baseline and leasehold, so drift in machine load hits
+/// both alike.
+pub(crate) async fn run(
+    url: &str,
+    tasks: usize,
+    duration: Duration,
+) -> anyhow::Result<Uncontended> {
+    let client = LockClient::connect(url).await?;
+    let trivial = fred::types::scripts::Script::from_lua("return 1");
+    let _: String = client
+        .redis()
+        .script_load(trivial.lua().unwrap().to_string())
+        .await?;
+    let rounds = 4u32;
+    let slice = duration / rounds;
+    let (mut pairs, mut calls) = (0u64, 0u64);
+    let (mut pair_time, mut call_time) = (Duration::ZERO, Duration::ZERO);
+    for round in 0..rounds {
+        let started = Instant::now();
+        calls += baseline(&client, &trivial, tasks, slice).await?;
+        call_time += started.elapsed();
+        let started = Instant::now();
+        pairs += lock_unlock(&client, tasks, slice, round).await?;
+        pair_time += started.elapsed();
+    }
+    let pairs_per_sec = pairs as f64 / pair_time.as_secs_f64();
+    let baseline_calls_per_sec = calls as f64 / call_time.as_secs_f64();
+    Ok(Uncontended {
+        tasks,
+        pairs_per_sec,
+        baseline_calls_per_sec,
+        ratio_to_limit: 2.0 * pairs_per_sec / baseline_calls_per_sec,
+    })
+}
+
+async fn baseline(
+    client: &LockClient,
+    script: &fred::types::scripts::Script,
+    tasks: usize,
+    slice: Duration,
+) -> anyhow::Result<u64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let redis = client.redis().clone();
+        let sha = script.sha1().to_string();
+        let (count, stop) = (count.clone(), stop.clone());
+        handles.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let _: i64 = redis.evalsha(sha.as_str(), (), ()).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    tokio::time::sleep(slice).await;
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
+
+async fn lock_unlock(
+    client: &LockClient,
+    tasks: usize,
+    slice: Duration,
+    round: u32,
+) -> anyhow::Result<u64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let client = client.clone();
+        let (count, stop) = (count.clone(), stop.clone());
+        handles.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let lock = client.lock(&format!("u:{round}:{task}:{i}"))?;
+                let guard = lock.try_lock().await?.expect("fresh name is free");
+                guard.unlock().await?;
+                count.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    tokio::time::sleep(slice).await;
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
