@@ -14,7 +14,9 @@ use tokio::time::Instant;
 
 fn numsub(redis: &RedisServer, channel: &str) -> i64 {
     let reply = cmd(redis, &["PUBSUB", "NUMSUB", channel]);
-    reply.as_array().expect("numsub reply")[1].as_int().expect("count")
+    reply.as_array().expect("numsub reply")[1]
+        .as_int()
+        .expect("count")
 }
 
 /// Waits (bounded) until the client has no waiter and no subscription left, and Redis agrees.
@@ -42,7 +44,13 @@ async fn release_hands_off_to_a_waiter_without_polling() {
     let lock = waiter.lock("handoff").unwrap();
     let waiting = tokio::spawn(async move { lock.lock().await.unwrap() });
     // Wait for the event "the waiter is subscribed and parked", not for a time.
-    assert!(common::eventually(Duration::from_secs(10), || numsub(&redis, "leasehold:{handoff}:released") == 1).await);
+    assert!(
+        common::eventually(Duration::from_secs(10), || numsub(
+            &redis,
+            "leasehold:{handoff}:released"
+        ) == 1)
+        .await
+    );
     assert_eq!(waiter.waiters(), 1);
     // Hold on a while: a poller would spin here.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -128,7 +136,12 @@ async fn a_bounded_wait_times_out_and_leaves_nothing() {
         "the holder's hash is untouched"
     );
     // Zero wait never waits and never subscribes.
-    let got = waiter.lock("busy").unwrap().try_lock_for(Duration::ZERO).await.unwrap();
+    let got = waiter
+        .lock("busy")
+        .unwrap()
+        .try_lock_for(Duration::ZERO)
+        .await
+        .unwrap();
     assert!(got.is_none());
     assert_eq!(waiter.subscribed_channels(), 0);
     guard.unlock().await.unwrap();
@@ -144,7 +157,10 @@ fn child_holder_entry_point() {
     ) else {
         return;
     };
-    let lease_ms: u64 = std::env::var("LEASEHOLD_CHILD_LEASE_MS").unwrap().parse().unwrap();
+    let lease_ms: u64 = std::env::var("LEASEHOLD_CHILD_LEASE_MS")
+        .unwrap()
+        .parse()
+        .unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let client = LockClient::builder(&url)
@@ -161,7 +177,12 @@ fn child_holder_entry_point() {
 fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", "child_holder_entry_point", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_holder_entry_point",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("LEASEHOLD_CHILD_URL", redis.url())
         .env("LEASEHOLD_CHILD_LOCK", name)
         .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string());
@@ -182,10 +203,20 @@ async fn a_waiter_acquires_soon_after_a_killed_holders_lease_ends() {
     let waiter = client(&redis.url()).await;
     let lock = waiter.lock("crash").unwrap();
     let waiting = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(60)).await });
-    assert!(common::eventually(Duration::from_secs(10), || numsub(&redis, "leasehold:{crash}:released") == 1).await);
+    assert!(
+        common::eventually(Duration::from_secs(10), || numsub(
+            &redis,
+            "leasehold:{crash}:released"
+        ) == 1)
+        .await
+    );
     holder.kill().unwrap();
     let killed_at = Instant::now();
-    let guard = waiting.await.unwrap().unwrap().expect("acquired after the lease");
+    let guard = waiting
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("acquired after the lease");
     let after = killed_at.elapsed();
     // The key lives at most one lease after the kill (the watchdog renewed it at most then).
     assert!(after <= lease + Duration::from_secs(3), "took {after:?}");
@@ -216,7 +247,9 @@ async fn cancelled_waits_leave_nothing_behind() {
     }
     // tokio::time::timeout and select! drop the future the same way.
     let lock = waiter.lock("cancel").unwrap();
-    assert!(tokio::time::timeout(Duration::from_millis(50), lock.lock()).await.is_err());
+    assert!(tokio::time::timeout(Duration::from_millis(50), lock.lock())
+        .await
+        .is_err());
     tokio::select! {
         _ = lock.lock() => panic!("the lock is held"),
         _ = tokio::time::sleep(Duration::from_millis(50)) => {}
@@ -237,14 +270,19 @@ async fn cancelled_acquires_of_a_free_lock_leave_no_hold() {
     let client = client(&redis.url()).await;
     for step in 0..40u32 {
         let lock = client.lock("free").unwrap();
-        let task = tokio::spawn(async move { lock.lock().await.map(|g| Box::new(g) as Box<LockGuard>) });
+        let task =
+            tokio::spawn(async move { lock.lock().await.map(|g| Box::new(g) as Box<LockGuard>) });
         for _ in 0..step {
             tokio::task::yield_now().await;
         }
         task.abort();
         let _ = task.await;
         assert!(
-            common::eventually(Duration::from_secs(10), || !exists(&redis, "leasehold:{free}")).await,
+            common::eventually(Duration::from_secs(10), || !exists(
+                &redis,
+                "leasehold:{free}"
+            ))
+            .await,
             "step {step}: a hold was left behind"
         );
     }

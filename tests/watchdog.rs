@@ -31,7 +31,13 @@ async fn a_job_longer_than_the_lease_keeps_the_lock() {
         min_pttl = min_pttl.min(ttl);
         samples += 1;
         assert!(
-            other.lock("long-job").unwrap().try_lock().await.unwrap().is_none(),
+            other
+                .lock("long-job")
+                .unwrap()
+                .try_lock()
+                .await
+                .unwrap()
+                .is_none(),
             "another client got in while the job ran"
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -43,11 +49,19 @@ async fn a_job_longer_than_the_lease_keeps_the_lock() {
         (LEASE / 3).as_millis()
     );
     assert!(guard.is_held());
-    assert!(holder.watchdog_stats().renewed >= 6, "{:?}", holder.watchdog_stats());
+    assert!(
+        holder.watchdog_stats().renewed >= 6,
+        "{:?}",
+        holder.watchdog_stats()
+    );
     guard.unlock().await.unwrap();
     let calls = holder.watchdog_stats().renew_calls;
     tokio::time::sleep(LEASE).await; // a whole lease without a renewal tick firing
-    assert_eq!(holder.watchdog_stats().renew_calls, calls, "no zombie renewal after unlock");
+    assert_eq!(
+        holder.watchdog_stats().renew_calls,
+        calls,
+        "no zombie renewal after unlock"
+    );
     assert_eq!(holder.watchdog_stats().holds, 0);
 }
 
@@ -65,7 +79,13 @@ async fn an_explicit_lease_is_never_renewed() {
     assert_eq!(client.watchdog_stats().holds, 0);
     guard.lost().await; // the local deadline passes
     assert!(!guard.is_held());
-    assert!(common::eventually(Duration::from_secs(5), || !exists(&redis, "leasehold:{fixed}")).await);
+    assert!(
+        common::eventually(Duration::from_secs(5), || !exists(
+            &redis,
+            "leasehold:{fixed}"
+        ))
+        .await
+    );
     assert_eq!(client.watchdog_stats().renew_calls, 0);
 }
 
@@ -75,14 +95,22 @@ async fn force_unlock_is_noticed_within_one_renewal_period() {
     let holder = client_with_lease(&redis.url(), LEASE).await;
     let operator = common::client(&redis.url()).await;
     let guard = holder.lock("forced").unwrap().lock().await.unwrap();
-    assert!(operator.lock("forced").unwrap().force_unlock().await.unwrap());
+    assert!(operator
+        .lock("forced")
+        .unwrap()
+        .force_unlock()
+        .await
+        .unwrap());
     let forced_at = Instant::now();
     tokio::time::timeout(LEASE / 3 + Duration::from_secs(2), guard.lost())
         .await
         .expect("the next renewal found the lock gone");
     assert!(forced_at.elapsed() <= LEASE / 3 + Duration::from_secs(2));
     assert!(!guard.is_held());
-    assert!(matches!(guard.unlock().await, Err(LockError::NotHeld { .. })));
+    assert!(matches!(
+        guard.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +124,10 @@ async fn work_under_the_lease_is_cancelled_when_it_is_lost() {
         lock.force_unlock().await.unwrap();
     });
     let result = guard.run_while_held(std::future::pending::<()>()).await;
-    assert!(matches!(result, Err(LockError::LeaseLost { .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(LockError::LeaseLost { .. })),
+        "{result:?}"
+    );
     forcer.await.unwrap();
     // Finished work returns its value while the lease holds.
     let guard = holder.lock("cancel-work").unwrap().lock().await.unwrap();
@@ -121,7 +152,10 @@ async fn a_paused_redis_makes_the_hold_lost_by_the_local_deadline() {
     tokio::time::timeout(LEASE + Duration::from_secs(3), guard.lost())
         .await
         .expect("lost by the local deadline");
-    assert!(Instant::now() >= deadline, "not declared lost before the deadline");
+    assert!(
+        Instant::now() >= deadline,
+        "not declared lost before the deadline"
+    );
     assert!(!guard.is_held());
     redis.resume().unwrap();
     drop(guard);
@@ -142,13 +176,17 @@ async fn renewal_errors_are_retried() {
     // Slow the link past the command timeout for a while: renewals in that window time out.
     proxy.set_latency(Duration::from_millis(600));
     assert!(
-        common::eventually(Duration::from_secs(10), || holder.watchdog_stats().errors >= 1).await,
+        common::eventually(Duration::from_secs(10), || holder.watchdog_stats().errors
+            >= 1)
+        .await,
         "a renewal failed"
     );
     proxy.set_latency(Duration::ZERO);
     let renewed = holder.watchdog_stats().renewed;
     assert!(
-        common::eventually(Duration::from_secs(10), || holder.watchdog_stats().renewed > renewed).await,
+        common::eventually(Duration::from_secs(10), || holder.watchdog_stats().renewed
+            > renewed)
+        .await,
         "renewal resumed: {:?}",
         holder.watchdog_stats()
     );
@@ -180,7 +218,12 @@ async fn a_killed_holders_lock_expires_within_the_lease() {
     let redis = server();
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", "child_holder_entry_point", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_holder_entry_point",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("LEASEHOLD_CHILD_URL", redis.url())
         .env("LEASEHOLD_CHILD_LOCK", "mortal");
     let child = ChildProcess::spawn(command).unwrap();
@@ -192,8 +235,16 @@ async fn a_killed_holders_lock_expires_within_the_lease() {
     child.kill().unwrap();
     let killed = Instant::now();
     assert!(
-        common::eventually(LEASE + Duration::from_secs(3), || !exists(&redis, "leasehold:{mortal}")).await,
+        common::eventually(LEASE + Duration::from_secs(3), || !exists(
+            &redis,
+            "leasehold:{mortal}"
+        ))
+        .await,
         "the key outlived its lease"
     );
-    assert!(killed.elapsed() <= LEASE + Duration::from_secs(1), "{:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() <= LEASE + Duration::from_secs(1),
+        "{:?}",
+        killed.elapsed()
+    );
 }

@@ -27,7 +27,10 @@ impl Renewer for Recorder {
             if fail {
                 return Err(LockError::Redis("injected".into()));
             }
-            Ok(holds.iter().map(|(k, _)| !gone.iter().any(|g| **g == **k)).collect())
+            Ok(holds
+                .iter()
+                .map(|(k, _)| !gone.iter().any(|g| **g == **k))
+                .collect())
         })
     }
 }
@@ -75,10 +78,18 @@ async fn reentrant_holds_share_one_renewal_until_the_last_is_dropped() {
     let inner = watchdog.watch(&keys("nested"), &owner, Instant::now());
     assert_eq!(watchdog.stats().holds, 1);
     tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(recorder.calls.lock().as_slice()[0].1, 1, "one renewal for both");
+    assert_eq!(
+        recorder.calls.lock().as_slice()[0].1,
+        1,
+        "one renewal for both"
+    );
     drop(inner);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(recorder.calls.lock().len(), 2, "still renewed for the outer hold");
+    assert_eq!(
+        recorder.calls.lock().len(),
+        2,
+        "still renewed for the outer hold"
+    );
     drop(outer);
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(recorder.calls.lock().len(), 2);
@@ -100,10 +111,17 @@ async fn many_holds_cost_one_call_per_batch() {
     tokio::time::sleep(Duration::from_secs(31)).await;
     let calls = recorder.calls.lock().clone();
     let renewed: usize = calls.iter().map(|(_, n)| n).sum();
-    assert!(renewed >= 2500 * 2, "each hold renewed at least twice: {renewed}");
+    assert!(
+        renewed >= 2500 * 2,
+        "each hold renewed at least twice: {renewed}"
+    );
     assert!(calls.iter().all(|(_, n)| *n <= 1000));
     // Three batches per tick, and ticks at most every lease/6 apart.
-    assert!(calls.len() <= 3 * 6, "{} calls for 2,500 holds over 31 s", calls.len());
+    assert!(
+        calls.len() <= 3 * 6,
+        "{} calls for 2,500 holds over 31 s",
+        calls.len()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -115,7 +133,11 @@ async fn a_hold_found_gone_is_marked_lost() {
     recorder.gone.lock().push("leasehold:{taken}".into());
     let start = Instant::now();
     hold.lease().lost().await;
-    assert_eq!(start.elapsed(), Duration::from_secs(10), "lost at the first renewal");
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(10),
+        "lost at the first renewal"
+    );
     assert!(!hold.lease().is_held());
     assert_eq!(watchdog.stats().lost, 1);
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -133,7 +155,10 @@ async fn failing_renewals_are_retried_and_the_deadline_declares_loss() {
     hold.lease().lost().await;
     let lost_after = start.elapsed();
     // Lost at the local deadline (lease - drift), not at the first failed renewal.
-    assert!(lost_after >= Duration::from_secs(29) && lost_after <= Duration::from_secs(30), "{lost_after:?}");
+    assert!(
+        lost_after >= Duration::from_secs(29) && lost_after <= Duration::from_secs(30),
+        "{lost_after:?}"
+    );
     let calls = recorder.calls.lock().len();
     assert!(calls >= 10, "retried after each failure: {calls} calls");
     assert!(watchdog.stats().errors >= 10);
@@ -149,6 +174,9 @@ async fn a_recovered_renewal_keeps_the_hold() {
     tokio::time::sleep(Duration::from_secs(15)).await;
     *recorder.fail.lock() = false;
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert!(hold.lease().is_held(), "renewals resumed before the deadline");
+    assert!(
+        hold.lease().is_held(),
+        "renewals resumed before the deadline"
+    );
     assert_eq!(watchdog.stats().lost, 0);
 }
