@@ -120,7 +120,7 @@ impl ClientInner {
                     tokio::spawn(async move { connect(&subscriber, timeout).await })
                 };
                 match connect.await {
-                    Ok(Ok(())) => Ok(ReleaseNotifier::start(subscriber)),
+                    Ok(Ok(())) => Ok(ReleaseNotifier::start(subscriber, self.id.as_str())),
                     Ok(Err(error)) => Err(error),
                     Err(join) => Err(LockError::Redis(format!(
                         "subscriber connect task failed: {join}"

@@ -183,10 +183,11 @@ impl LockGuard {
 }
 
 impl LockGuard {
-    /// Lets this hold end by itself `after` from now instead of releasing it: sets the lock's
-    /// remaining lease to `after` (if the owner still holds it) and stops renewal. ShedLock's
-    /// "lock at least for": a job that finished early keeps other instances out until its
-    /// slot is over. Releasing early is still possible through [`Lock::unlock`](crate::Lock::unlock).
+    /// Lets this hold end by itself `after` from now instead of releasing it (ShedLock's
+    /// "lock at least for": a job that finished early keeps other instances out until its slot
+    /// is over). If this is the owner's last hold, the lock is handed to nobody, so not even
+    /// this owner can re-enter, and ends `after` from now; a re-entered hold is simply
+    /// released (the owner's outer holds keep the lock). Renewal stops at once either way.
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when the owner no longer holds the lock;
@@ -196,20 +197,13 @@ impl LockGuard {
         self.lease.take();
         self.client.remove_local_hold(&self.keys, &self.owner);
         self.client.ready().await;
-        let renewed = commands::renew(
-            &self.client.redis,
-            &[(self.keys.hash(), self.owner.id())],
-            after_ms,
-        )
-        .await
-        .map_err(|e| self.client.map_err(e))?;
-        if renewed.first() == Some(&true) {
-            Ok(())
-        } else {
-            Err(LockError::NotHeld {
+        match commands::release_after(&self.client.redis, &self.keys, &self.owner, after_ms).await {
+            Ok(commands::Release::Released { .. }) => Ok(()),
+            Ok(commands::Release::NotHeld) => Err(LockError::NotHeld {
                 name: self.keys.name().to_string(),
                 owner: self.owner.to_string(),
-            })
+            }),
+            Err(error) => Err(self.client.map_err(error)),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{commands, LockKeys, Owner, Result};
+use leasehold_core::{commands, LockError, LockKeys, Owner, Result};
 use leasehold_watchdog::{drift_for, LeaseState};
 use tokio::time::Instant;
 
@@ -180,6 +180,7 @@ impl Lock {
     /// Whether any owner holds the lock right now.
     pub async fn is_locked(&self) -> Result<bool> {
         use fred::interfaces::KeysInterface;
+        self.client.ready().await;
         let n: i64 = self
             .client
             .redis
@@ -192,6 +193,7 @@ impl Lock {
     /// The hold count of [`Lock::owner`] in Redis (0 if it holds nothing).
     pub async fn hold_count(&self) -> Result<u64> {
         use fred::interfaces::HashesInterface;
+        self.client.ready().await;
         let count: Option<u64> = self
             .client
             .redis
@@ -213,7 +215,7 @@ impl Lock {
         self.client.ready().await;
         match commands::release(&self.client.redis, &self.keys, &owner).await {
             Ok(commands::Release::Released { .. }) => Ok(()),
-            Ok(commands::Release::NotHeld) => Err(leasehold_core::LockError::NotHeld {
+            Ok(commands::Release::NotHeld) => Err(LockError::NotHeld {
                 name: self.keys.name().to_string(),
                 owner: owner.to_string(),
             }),
@@ -224,6 +226,7 @@ impl Lock {
     /// Releases the lock whoever holds it, and wakes its waiters. For operators: the holder is
     /// not told until its next renewal finds the lock gone. Returns whether a lock was removed.
     pub async fn force_unlock(&self) -> Result<bool> {
+        self.client.ready().await;
         commands::force_unlock(&self.client.redis, &self.keys)
             .await
             .map_err(|e| self.client.map_err(e))
@@ -243,23 +246,33 @@ impl Lock {
         }
         let deadline = wait.map(|w| Instant::now() + w.min(leasehold_core::MAX_LEASE));
         let owner = self.owner();
+        let channel = self.keys.released();
+        // Interest is free when this client already listens on the channel: take it before
+        // the first try. Otherwise the first try goes out alone (most locks are free), and the
+        // subscriber connection is opened only when there is something to wait for.
+        let mut interest = match self.client.notifier_if_started() {
+            Some(notifier)
+                if notifier.is_subscribed(channel)
+                    && deadline.is_none_or(|d| d > Instant::now()) =>
+            {
+                Some(
+                    notifier
+                        .interest(channel)
+                        .await
+                        .map_err(|e| self.client.map_err(e))?,
+                )
+            }
+            _ => None,
+        };
         if deadline.is_some_and(|d| d <= Instant::now()) {
-            return match self.attempt(&owner, mode).await? {
+            return match self.attempt(&owner, mode, None).await? {
                 Attempt::Granted(guard) => Ok(Some(guard)),
                 Attempt::Held(_) => Ok(None),
             };
         }
-        let notifier = self.client.notifier().await?;
-        let channel = self.keys.released();
-        let mut interest = if notifier.is_subscribed(channel) {
-            Some(
-                notifier
-                    .interest(channel)
-                    .await
-                    .map_err(|e| self.client.map_err(e))?,
-            )
-        } else {
-            None
+        let mut leave = LeaveQueue {
+            lock: self,
+            armed: true,
         };
         let mut backoff = Backoff::new();
         loop {
@@ -269,8 +282,11 @@ impl Lock {
                 if let Some(notified) = notified.as_mut().as_pin_mut() {
                     notified.enable();
                 }
-                let retry_after = match self.attempt(&owner, mode).await {
-                    Ok(Attempt::Granted(guard)) => return Ok(Some(guard)),
+                let retry_after = match self.attempt(&owner, mode, interest.as_ref()).await {
+                    Ok(Attempt::Granted(guard)) => {
+                        leave.armed = false;
+                        return Ok(Some(guard));
+                    }
                     Ok(Attempt::Held(ttl)) => {
                         backoff.reset();
                         // +1 ms: PTTL rounds down, and waking a hair early wastes a try.
@@ -305,8 +321,16 @@ impl Lock {
             if let Some(wake_at) = subscribe_by {
                 // A release published before the subscription reached nobody, so the lock
                 // state is read again (next iteration) once it is active.
-                match notifier.interest(channel).await {
+                let registered = match self.client.notifier().await {
+                    Ok(notifier) => notifier
+                        .interest(channel)
+                        .await
+                        .map_err(|e| self.client.map_err(e)),
+                    Err(error) => Err(error),
+                };
+                match registered {
                     Ok(registered) => interest = Some(registered),
+                    Err(error) if !error.is_transient() => return Err(error),
                     Err(error) => {
                         tracing::debug!(lock = %self.keys.name(), %error, "subscribe failed; retrying");
                         let delay = backoff.next();
@@ -317,8 +341,11 @@ impl Lock {
             }
             if deadline.is_some_and(|d| d <= Instant::now()) {
                 // One last try at the deadline: a release may have woken us just now.
-                return match self.attempt(&owner, mode).await? {
-                    Attempt::Granted(guard) => Ok(Some(guard)),
+                return match self.attempt(&owner, mode, interest.as_ref()).await? {
+                    Attempt::Granted(guard) => {
+                        leave.armed = false;
+                        Ok(Some(guard))
+                    }
                     Attempt::Held(_) => Ok(None),
                 };
             }
@@ -327,7 +354,13 @@ impl Lock {
 
     /// One acquire script call. If the reply never comes (timeout, connection lost, or this
     /// future dropped while the call is in flight) the acquire is undone in the background.
-    async fn attempt(&self, owner: &Owner, mode: LeaseMode) -> Result<Attempt> {
+    /// A caller holding `interest` is a subscribed waiter: it takes part in the turn queue.
+    async fn attempt(
+        &self,
+        owner: &Owner,
+        mode: LeaseMode,
+        interest: Option<&leasehold_pubsub::Interest>,
+    ) -> Result<Attempt> {
         let lease = match mode {
             LeaseMode::Watched => self.client.lease,
             LeaseMode::Fixed(lease) => lease,
@@ -341,16 +374,30 @@ impl Lock {
             expected_count: self.client.local_holds(&self.keys, owner) + 1,
             armed: true,
         };
+        let waiter = match (interest, self.client.notifier_if_started()) {
+            (Some(_), Some(notifier)) => Some(commands::Waiter {
+                client: self.client.id.as_str(),
+                more: notifier.waiters_on(self.keys.released()) > 1,
+            }),
+            _ => None,
+        };
         self.client.ready().await;
         let sent_at = Instant::now();
-        let reply = commands::acquire(&self.client.redis, &self.keys, owner, lease_ms).await;
+        let reply =
+            commands::acquire(&self.client.redis, &self.keys, owner, lease_ms, waiter).await;
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
                 let error = self.client.map_err(error);
-                // An error reply means the script did not run (or ran and failed atomically);
-                // only a missing reply leaves the outcome unknown.
-                pending.armed = error.is_transient();
+                // Redis refused the script before it changed anything (type, ACL, argument):
+                // nothing to undo. Anything else (no reply, or a reply we could not read) may
+                // have granted a hold.
+                pending.armed = !matches!(
+                    error,
+                    LockError::WrongType { .. }
+                        | LockError::PermissionDenied(_)
+                        | LockError::InvalidArgument(_)
+                );
                 return Err(error);
             }
         };
@@ -414,6 +461,43 @@ impl Drop for PendingAcquire<'_> {
         };
         self.client
             .spawn_rollback(self.keys, self.owner, Box::pin(rollback));
+    }
+}
+
+/// Takes this client out of the lock's turn queue when its last local waiter stops waiting
+/// without the lock (timeout, cancellation, error): otherwise the next release would reserve
+/// the lock for a client that no longer wants it, and everyone would wait out the grace.
+/// A waiter that got the lock left the queue in the acquire script already.
+struct LeaveQueue<'a> {
+    lock: &'a Lock,
+    armed: bool,
+}
+
+impl Drop for LeaveQueue<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let client = &self.lock.client;
+        let Some(notifier) = client.notifier_if_started() else {
+            return;
+        };
+        let keys = &self.lock.keys;
+        // Our own Interest is still registered here (it drops after this guard).
+        if notifier.waiters_on(keys.released()) != 1
+            || tokio::runtime::Handle::try_current().is_err()
+        {
+            return;
+        }
+        let client = client.clone();
+        let keys = keys.clone();
+        tokio::spawn(async move {
+            if let Err(error) =
+                commands::leave_queue(&client.redis, &keys, client.id.as_str()).await
+            {
+                tracing::debug!(lock = %keys.name(), %error, "leaving the turn queue failed; the next release will skip us after the grace");
+            }
+        });
     }
 }
 

@@ -259,7 +259,9 @@ async fn cancelled_waits_leave_nothing_behind() {
     let holders = cmd(&redis, &["HKEYS", "leasehold:{cancel}"]);
     assert_eq!(holders.as_array().unwrap().len(), 1);
     guard.unlock().await.unwrap();
+    // The cancelled waiters' client left the turn queue, so nothing is reserved for it.
     assert!(!exists(&redis, "leasehold:{cancel}"));
+    assert!(!exists(&redis, "leasehold:{cancel}:queue"));
 }
 
 /// Cancelling an acquire of a FREE lock at every point: either it never ran, or it was undone,

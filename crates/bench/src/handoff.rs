@@ -111,6 +111,9 @@ pub(crate) async fn run(
         Kind::Polling(_) => POLLING_COMMANDS,
     };
     let round_trips = admin.calls(commands).await?;
+    if std::env::var_os("LEASEHOLD_BENCH_DEBUG").is_some() {
+        eprintln!("{kind:?}: {}", admin.commandstats().await?);
+    }
     let mut record = Arc::try_unwrap(record)
         .map_err(|_| anyhow::anyhow!("workers still hold the record"))?
         .into_inner();

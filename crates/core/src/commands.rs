@@ -8,7 +8,7 @@ use std::time::Duration;
 use fred::interfaces::LuaInterface;
 use fred::prelude::{Error as FredError, ErrorKind, Value};
 
-use crate::scripts::{ACQUIRE, FORCE_UNLOCK, RELEASE, RENEW, ROLLBACK};
+use crate::scripts::{ACQUIRE, FORCE_UNLOCK, RELEASE, RELEASE_AFTER, RENEW, ROLLBACK};
 use crate::{FencingToken, LockKeys, Owner};
 
 /// The publish command scripts use for release messages.
@@ -16,6 +16,11 @@ use crate::{FencingToken, LockKeys, Owner};
 /// PUBLISH on a single node; Redis Cluster support would switch to SPUBLISH so the message stays
 /// in the lock's slot.
 pub const PUBLISH: &str = "PUBLISH";
+
+/// How long a released lock stays reserved for the client whose turn it is, and how long other
+/// clients wait before trying themselves when that client does not take it (crashed, or its
+/// waiter left). Loopback handoffs take well under a millisecond; 25 ms also covers a LAN.
+pub const TURN_GRACE: Duration = Duration::from_millis(25);
 
 /// The reply of the acquire script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,28 +62,55 @@ fn int_at(values: &[Value], i: usize) -> Option<i64> {
     values.get(i).and_then(Value::as_i64)
 }
 
-/// Runs the acquire script for `owner` with a lease of `lease_ms` milliseconds.
+/// A subscribed waiter's place in the turn queue (see `scripts/acquire.lua`).
+#[derive(Clone, Copy, Debug)]
+pub struct Waiter<'a> {
+    /// The waiter's client id ([`ClientId::as_str`](crate::ClientId::as_str)).
+    pub client: &'a str,
+    /// Whether that client has other waiters on this lock (it then stays queued after this
+    /// waiter's turn, at the back).
+    pub more: bool,
+}
+
+/// Runs the acquire script for `owner` with a lease of `lease_ms` milliseconds. A subscribed
+/// `waiter` joins the turn queue when the lock is held, and takes its turn when granted.
 pub async fn acquire<C: LuaInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,
     owner: &Owner,
     lease_ms: u64,
+    waiter: Option<Waiter<'_>>,
 ) -> Result<Acquire, FredError> {
+    let (waiting_client, more) = match waiter {
+        Some(w) => (w.client, if w.more { "1" } else { "0" }),
+        None => ("", "0"),
+    };
     let reply: Value = ACQUIRE
         .call(
             client,
-            vec![keys.hash(), keys.fence()],
-            vec![Value::from(owner.id()), Value::from(lease_ms as i64)],
+            vec![keys.hash(), keys.fence(), keys.queue()],
+            vec![
+                Value::from(owner.id()),
+                Value::from(lease_ms as i64),
+                Value::from(waiting_client),
+                Value::from(more),
+                Value::from(keys.released()),
+                Value::from(PUBLISH),
+            ],
         )
         .await?;
     let Value::Array(values) = &reply else {
         return Err(parse_error("acquire", &reply));
     };
     match (int_at(values, 0), int_at(values, 1), int_at(values, 2)) {
-        (Some(1), Some(count), Some(fence)) if count > 0 && fence > 0 => Ok(Acquire::Granted {
-            hold_count: count as u64,
-            fence: FencingToken::new(fence as u64),
-        }),
+        // A re-entry reports fence 0 only if someone deleted the fence key under a live lock;
+        // the hold is real, so it is returned (a fenced store refuses token 0 anyway).
+        (Some(1), Some(count), Some(fence)) if count > 0 && (fence > 0 || count > 1) => {
+            Ok(Acquire::Granted {
+                hold_count: count as u64,
+                fence: FencingToken::new(fence as u64),
+            })
+        }
         (Some(0), Some(pttl), _) => Ok(Acquire::Held {
             ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
         }),
@@ -95,19 +127,46 @@ pub async fn release<C: LuaInterface + Send + Sync>(
     let reply: Value = RELEASE
         .call(
             client,
-            keys.hash(),
-            vec![owner.id(), keys.released(), PUBLISH],
+            vec![keys.hash(), keys.queue()],
+            vec![
+                Value::from(owner.id()),
+                Value::from(keys.released()),
+                Value::from(PUBLISH),
+                Value::from(TURN_GRACE.as_millis() as i64),
+            ],
         )
         .await?;
+    parse_release("release", reply)
+}
+
+/// Runs the release-after script: the owner's last hold stays (owned by nobody) for
+/// `after_ms` more milliseconds; a re-entered hold is released as usual.
+pub async fn release_after<C: LuaInterface + Send + Sync>(
+    client: &C,
+    keys: &LockKeys,
+    owner: &Owner,
+    after_ms: u64,
+) -> Result<Release, FredError> {
+    let reply: Value = RELEASE_AFTER
+        .call(
+            client,
+            keys.hash(),
+            vec![Value::from(owner.id()), Value::from(after_ms as i64)],
+        )
+        .await?;
+    parse_release("release_after", reply)
+}
+
+fn parse_release(script: &str, reply: Value) -> Result<Release, FredError> {
     let Value::Array(values) = &reply else {
-        return Err(parse_error("release", &reply));
+        return Err(parse_error(script, &reply));
     };
     match (int_at(values, 0), int_at(values, 1)) {
         (Some(1), Some(remaining)) if remaining >= 0 => Ok(Release::Released {
             remaining: remaining as u64,
         }),
         (Some(0), _) => Ok(Release::NotHeld),
-        _ => Err(parse_error("release", &reply)),
+        _ => Err(parse_error(script, &reply)),
     }
 }
 
@@ -157,6 +216,16 @@ pub async fn renew<C: LuaInterface + Send + Sync>(
         }
         _ => Err(parse_error("renew", &reply)),
     }
+}
+
+/// Takes `client_id` out of the lock's turn queue (its last waiter gave up). One ZREM: a
+/// plain command, not a state change that needs a script.
+pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>(
+    client: &C,
+    keys: &LockKeys,
+    client_id: &str,
+) -> Result<(), FredError> {
+    client.zrem::<(), _, _>(keys.queue(), client_id).await
 }
 
 /// Runs the force-unlock script: removes the lock whoever holds it and publishes the release.

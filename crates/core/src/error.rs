@@ -79,7 +79,12 @@ impl LockError {
         if details.starts_with("WRONGTYPE") {
             return LockError::WrongType { key: String::new() };
         }
-        if details.starts_with("NOPERM") || *error.kind() == ErrorKind::Auth {
+        // NOPERM at the top level; inside a script Redis says "The user executing the script
+        // can't run this command or subcommand" / "...no permissions to access ...".
+        if details.starts_with("NOPERM")
+            || details.contains("user executing the script")
+            || *error.kind() == ErrorKind::Auth
+        {
             return LockError::PermissionDenied(details.to_string());
         }
         match error.kind() {

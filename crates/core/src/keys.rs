@@ -7,6 +7,7 @@
 //! | `P:{N}`             | hash   | owner id -> hold count, PEXPIRE = the lease           |
 //! | `P:{N}:fence`       | string | last fencing token handed out, no TTL                 |
 //! | `P:{N}:released`    | channel| published when a lock becomes free                    |
+//! | `P:{N}:queue`       | zset   | clients with waiters, in turn order (contended only)  |
 //!
 //! The braces are a Redis Cluster hash tag: every key and channel of one lock lives in one slot,
 //! so each state change can be one script. A name that already carries a hash tag (`{...}`
@@ -77,6 +78,7 @@ pub struct LockKeys {
     hash: Arc<str>,
     fence: Arc<str>,
     released: Arc<str>,
+    queue: Arc<str>,
 }
 
 impl LockKeys {
@@ -114,6 +116,15 @@ impl LockKeys {
             )));
         }
         let hash = if has_hash_tag(name) {
+            if RESERVED_SUFFIXES
+                .iter()
+                .any(|suffix| name.ends_with(suffix))
+            {
+                return Err(LockError::InvalidArgument(format!(
+                    "lock name {name:?} ends like one of another lock's own keys \
+                     ({RESERVED_SUFFIXES:?}); pick another name"
+                )));
+            }
             format!("{prefix}:{name}")
         } else if name.contains(['{', '}']) {
             return Err(LockError::InvalidArgument(format!(
@@ -127,6 +138,7 @@ impl LockKeys {
             name: name.into(),
             fence: format!("{hash}:fence").into(),
             released: format!("{hash}:released").into(),
+            queue: format!("{hash}:queue").into(),
             hash: hash.into(),
         })
     }
@@ -150,7 +162,16 @@ impl LockKeys {
     pub fn released(&self) -> &str {
         &self.released
     }
+
+    /// `P:{N}:queue`: the clients that have waiters, in the order their turn comes.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
 }
+
+/// Suffixes of a lock's own keys. A tagged name ending in one of them would collide with
+/// another lock's key (`{a}:fence` is lock `a`'s fence), so such names are refused.
+const RESERVED_SUFFIXES: [&str; 3] = [":fence", ":released", ":queue"];
 
 /// Whether Redis Cluster would hash `name` by a tag: a `{` followed later by a `}` with at
 /// least one byte between the first `{` and the first `}` after it.
@@ -180,7 +201,16 @@ mod tests {
     #[test]
     fn bad_names() {
         let p = Prefix::default();
-        for bad in ["", "a}b", "{}x", "x{", "}", "a\nb"] {
+        for bad in [
+            "",
+            "a}b",
+            "{}x",
+            "x{",
+            "}",
+            "a\nb",
+            "{a}:fence",
+            "{a}:queue",
+        ] {
             assert!(
                 matches!(LockKeys::new(&p, bad), Err(LockError::InvalidArgument(_))),
                 "{bad:?}"

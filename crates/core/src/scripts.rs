@@ -91,6 +91,11 @@ script!(
     "rollback"
 );
 script!(
+    /// Let the last hold end later instead of now (`scripts/release_after.lua`).
+    RELEASE_AFTER,
+    "release_after"
+);
+script!(
     /// Renew many holds in one call (`scripts/renew.lua`).
     RENEW,
     "renew"
@@ -102,6 +107,13 @@ script!(
 );
 
 /// Every script, for preloading and tests.
-pub fn all() -> [&'static LuaScript; 5] {
-    [&ACQUIRE, &RELEASE, &ROLLBACK, &RENEW, &FORCE_UNLOCK]
+pub fn all() -> [&'static LuaScript; 6] {
+    [
+        &ACQUIRE,
+        &RELEASE,
+        &RELEASE_AFTER,
+        &ROLLBACK,
+        &RENEW,
+        &FORCE_UNLOCK,
+    ]
 }

@@ -7,7 +7,9 @@
 //! - subscribes a channel when its first local waiter arrives and unsubscribes it when the last
 //!   one leaves (interest is reference-counted per channel);
 //! - wakes ONE local waiter per release message, so a release does not start a thundering herd
-//!   of retries in one process;
+//!   of retries in one process; and when the release names whose turn it is (the lock's turn
+//!   queue of clients with waiters), only that client wakes one, the others stand by for
+//!   [`TURN_GRACE`] in case it does not take the lock;
 //! - wakes ALL local waiters when messages may have been lost: the receiver lagged behind fred's
 //!   broadcast channel, or the subscriber connection was re-established (fred resubscribes);
 //! - never becomes the only way to wake up: pub/sub is at-most-once, so waiters also wake when
@@ -18,4 +20,4 @@
 
 mod notifier;
 
-pub use notifier::{Interest, ReleaseNotifier};
+pub use notifier::{Interest, ReleaseNotifier, TURN_GRACE};

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use fred::clients::SubscriberClient;
 use fred::interfaces::{EventInterface, PubsubInterface};
@@ -24,6 +25,8 @@ struct Channel {
     subscribed: AtomicBool,
     /// Serializes SUBSCRIBE/UNSUBSCRIBE of this channel; the bool is what Redis was last told.
     redis_state: tokio::sync::Mutex<bool>,
+    /// Bumped by every message; a fallback wake-up fires only if no message came after it.
+    epoch: AtomicU64,
 }
 
 struct Slot {
@@ -33,6 +36,8 @@ struct Slot {
 
 struct Inner {
     subscriber: SubscriberClient,
+    /// This client's id: release messages addressed to it wake a local waiter.
+    client_id: String,
     channels: Mutex<HashMap<String, Slot>>,
     waiters: AtomicUsize,
     wake_alls: AtomicUsize,
@@ -67,9 +72,10 @@ impl ReleaseNotifier {
     /// reconnect policy. After every reconnect the tracked channels are subscribed again and
     /// then all local waiters are woken: messages published while the connection was down are
     /// gone.
-    pub fn start(subscriber: SubscriberClient) -> ReleaseNotifier {
+    pub fn start(subscriber: SubscriberClient, client_id: impl Into<String>) -> ReleaseNotifier {
         let inner = Arc::new(Inner {
             subscriber,
+            client_id: client_id.into(),
             channels: Mutex::new(HashMap::new()),
             waiters: AtomicUsize::new(0),
             wake_alls: AtomicUsize::new(0),
@@ -100,6 +106,15 @@ impl ReleaseNotifier {
         self.inner.wake_alls.load(Ordering::Relaxed)
     }
 
+    /// Local waiters on `channel` (registered [`Interest`]s).
+    pub fn waiters_on(&self, channel: &str) -> usize {
+        self.inner
+            .channels
+            .lock()
+            .get(channel)
+            .map_or(0, |slot| slot.refs)
+    }
+
     /// Whether interest in `channel` can be had without a round trip (someone here already
     /// waits on it). Waiters use it to register interest before their first try.
     pub fn is_subscribed(&self, channel: &str) -> bool {
@@ -127,6 +142,7 @@ impl ReleaseNotifier {
                     notify: Notify::new(),
                     subscribed: AtomicBool::new(false),
                     redis_state: tokio::sync::Mutex::new(false),
+                    epoch: AtomicU64::new(0),
                 }),
                 refs: 0,
             });
@@ -206,9 +222,9 @@ async fn receive_loop(inner: std::sync::Weak<Inner>) {
                 let Some(inner) = inner.upgrade() else { return };
                 match message {
                     Ok(message) => {
-                        let map = inner.channels.lock();
-                        if let Some(slot) = map.get(&*message.channel) {
-                            slot.channel.notify.notify_one();
+                        let channel = inner.channels.lock().get(&*message.channel).map(|s| s.channel.clone());
+                        if let Some(channel) = channel {
+                            on_message(&inner, &channel, message.value.as_str().as_deref().unwrap_or("*"));
                         }
                     }
                     Err(RecvError::Lagged(missed)) => {
@@ -240,6 +256,35 @@ async fn receive_loop(inner: std::sync::Weak<Inner>) {
             }
         }
     }
+}
+
+/// How long other clients wait for the addressed client to take its turn before trying
+/// themselves (the release reserves the lock for that long): covers an addressee that crashed
+/// or whose waiter just left.
+pub const TURN_GRACE: Duration = leasehold_core::commands::TURN_GRACE;
+
+/// One release-channel message. The payload says whose turn it is:
+/// - this client's id, or `*` (nobody queued; also force unlock, rollback): wake one waiter;
+/// - `-`: a waiter took the lock; cancel any pending fallback;
+/// - another client's id: that client should take the lock; wake one waiter here only if no
+///   further message arrives within [`TURN_GRACE`].
+fn on_message(inner: &Inner, channel: &Arc<Channel>, payload: &str) {
+    let epoch = channel.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+    if payload == "-" {
+        return;
+    }
+    if payload == "*" || payload == inner.client_id || payload == "released" {
+        channel.notify.notify_one();
+        return;
+    }
+    let channel = channel.clone();
+    tokio::spawn(async move {
+        // A hair past the reservation, so the try finds it expired.
+        tokio::time::sleep(TURN_GRACE + Duration::from_millis(2)).await;
+        if channel.epoch.load(Ordering::SeqCst) == epoch {
+            channel.notify.notify_one();
+        }
+    });
 }
 
 fn wake_all(inner: &Inner) {

@@ -4,7 +4,8 @@
 -- ARGV[1]  release channel  P:{N}:released
 -- ARGV[2]  publish command  PUBLISH (SPUBLISH on Cluster)
 --
--- Replies: 1 a lock was removed; 0 there was none.
+-- Replies: 1 a lock was removed (and '*' published: one waiter per client wakes); 0 there was
+-- none.
 -- error WRONGTYPE the key holds another type (it is not ours to delete).
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'none' then
@@ -13,6 +14,6 @@ end
 if kind ~= 'hash' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a lock')
 end
+redis.call(ARGV[2], ARGV[1], '*')
 redis.call('DEL', KEYS[1])
-redis.call(ARGV[2], ARGV[1], 'released')
 return 1

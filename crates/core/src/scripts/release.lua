@@ -1,31 +1,40 @@
 -- Release one hold of a reentrant lock.
 --
--- KEYS[1]  lock hash  P:{N}
+-- KEYS[1]  lock hash   P:{N}
+-- KEYS[2]  turn queue  P:{N}:queue
 -- ARGV[1]  owner id
 -- ARGV[2]  release channel  P:{N}:released
 -- ARGV[3]  publish command  PUBLISH (SPUBLISH on Cluster)
+-- ARGV[4]  turn grace in milliseconds
 --
 -- Replies:
---   {1, remaining}  one hold released; remaining 0 means the lock is free and the release was
---                   published, so one waiter per subscribed client wakes up.
+--   {1, remaining}  one hold released; remaining 0 means the last hold is gone and the release
+--                   was published. With clients queued, the lock is reserved for the head's
+--                   turn for the grace period ('~turn:<client id>' as the only field) and the
+--                   message names that client: another process releasing and asking again at
+--                   once cannot barge in ahead of waiters. With nobody queued the lock is free
+--                   and the message is '*' (one waiter per client wakes).
 --   {0}             the owner holds nothing here (wrong owner, expired, double unlock); nothing
 --                   changed.
 --   error WRONGTYPE the key holds another type.
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'hash' then
-  if kind == 'none' then return {0} end
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a lock')
+--
+-- An exclusive lock's hash has exactly one field (its owner), so the last hold deletes the key.
+-- The message goes out before the delete: if the ACL refuses the channel, nothing is released.
+local count = redis.pcall('HGET', KEYS[1], ARGV[1])
+if type(count) == 'table' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock')
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+if not count then
   return {0}
 end
-local remaining = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-if remaining > 0 then
-  return {1, remaining}
+if tonumber(count) > 1 then
+  return {1, redis.call('HINCRBY', KEYS[1], ARGV[1], -1)}
 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-if redis.call('HLEN', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[1])
+local head = redis.call('ZPOPMIN', KEYS[2])[1]
+redis.call(ARGV[3], ARGV[2], head or '*')
+redis.call('DEL', KEYS[1])
+if head then
+  redis.call('HSET', KEYS[1], '~turn:' .. head, 0)
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
 end
-redis.call(ARGV[3], ARGV[2], 'released')
 return {1, 0}

@@ -10,7 +10,8 @@
 -- ARGV[3]  release channel  P:{N}:released
 -- ARGV[4]  publish command  PUBLISH (SPUBLISH on Cluster)
 --
--- Replies: 1 one hold taken back, 0 nothing to undo.
+-- Replies: 1 one hold taken back, 0 nothing to undo. Taking back the last hold frees the lock
+-- and publishes '*' (one waiter per client wakes).
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then
   return 0
 end
@@ -22,9 +23,6 @@ if count > 1 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
   return 1
 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-if redis.call('HLEN', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[1])
-end
-redis.call(ARGV[4], ARGV[3], 'released')
+redis.call(ARGV[4], ARGV[3], '*')
+redis.call('DEL', KEYS[1])
 return 1
