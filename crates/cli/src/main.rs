@@ -1,0 +1,88 @@
+//! `leasehold`: the command line of the leasehold distributed lock library.
+//!
+//! * `inspect NAME` shows one lock (holders, lease left, fencing counter, waiters);
+//! * `list [PATTERN]` lists the locks under the prefix;
+//! * `unlock --force NAME` releases a lock whoever holds it;
+//! * `demo` plays the three scenarios of the seeds with real OS processes as pods.
+//!
+//! Exit codes: 0 success, 1 failure (one line on stderr), 2 bad usage (clap's message).
+//! Errors are reported, never panicked: an operator running this against production Redis
+//! must get a message, not a backtrace.
+
+mod cli;
+mod connect;
+mod demo;
+mod errors;
+mod glob;
+mod inspect;
+mod list;
+mod render;
+mod unlock;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("leasehold: error: {}", errors::one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match &cli.command {
+        Command::Inspect { name, json } => {
+            block_on(inspect::run(cli.url_or_default(), &cli.prefix, name, *json))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::List { pattern, json } => {
+            block_on(list::run(cli.url_or_default(), &cli.prefix, pattern, *json))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Unlock {
+            force: _,
+            yes,
+            json,
+            name,
+        } => {
+            let confirmed = unlock::confirm_up_front(name, *yes)?;
+            block_on(unlock::run(
+                cli.url_or_default(),
+                &cli.prefix,
+                name,
+                confirmed,
+                *json,
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        // The demo drives child processes and blocks on their output, so it runs on the main
+        // thread and uses a runtime only for its own Redis and database calls.
+        Command::Demo => Ok(if demo::run(cli.url())? {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }),
+        Command::Pod(args) => {
+            let url = cli.url_or_default().to_string();
+            let prefix = cli.prefix.clone();
+            demo::pod::run(url, prefix, args)
+        }
+    }
+}
+
+/// Runs one command's future on a small runtime (the watchdog and listener tasks need one).
+fn block_on<T>(future: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    use anyhow::Context;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(future)
+}

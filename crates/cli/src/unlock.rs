@@ -1,0 +1,135 @@
+//! `leasehold unlock --force NAME`: release a lock whoever holds it.
+//!
+//! This is the operator's escape hatch for a lock whose holder is gone but whose lease is long
+//! (or was set without expiry by hand). It is dangerous on a live holder: the holder is not
+//! told until its next renewal finds the lock gone, and may write meanwhile (fencing tokens
+//! protect a store that checks them). So it asks for the lock name to be typed back, and
+//! without `--yes` it refuses outright when nobody is at a terminal to answer.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use crate::connect::connect;
+use crate::inspect::{self, Holder};
+use crate::render;
+
+/// How the force-unlock was (or will be) confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirmation {
+    /// `--yes` was given.
+    Given,
+    /// Ask on the terminal once we know what the lock holds.
+    Ask,
+}
+
+/// What `--json` prints.
+#[derive(Debug, Serialize)]
+struct Outcome<'a> {
+    name: &'a str,
+    key: &'a str,
+    /// Whether a lock was removed (false: it was not held).
+    released: bool,
+    /// Who held it just before.
+    holders: &'a [Holder],
+}
+
+/// Checks, before connecting, that the command can be confirmed at all.
+pub fn confirm_up_front(name: &str, yes: bool) -> anyhow::Result<Confirmation> {
+    if yes {
+        return Ok(Confirmation::Given);
+    }
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "refusing to force-unlock {name:?} without confirmation: stdin is not a terminal \
+             (pass --yes to confirm from a script)"
+        );
+    }
+    Ok(Confirmation::Ask)
+}
+
+/// The `unlock --force` command.
+pub async fn run(
+    url: &str,
+    prefix: &str,
+    name: &str,
+    confirmation: Confirmation,
+    json: bool,
+) -> anyhow::Result<()> {
+    let client = connect(url, prefix).await?;
+    let lock = client.lock(name)?;
+    let state = inspect::fetch(client.redis(), lock.keys()).await?;
+    if state.kind.starts_with("foreign:") {
+        bail!(
+            "key {} holds a {}, not a leasehold lock: leaving it alone",
+            state.key,
+            state.kind.trim_start_matches("foreign:")
+        );
+    }
+    if state.is_locked() && confirmation == Confirmation::Ask {
+        let typed = ask(&state).await?;
+        if typed != name {
+            bail!("aborted: {typed:?} is not the lock name {name:?}; nothing was changed");
+        }
+    }
+    let released = state.is_locked() && lock.force_unlock().await?;
+    if json {
+        let outcome = Outcome {
+            name,
+            key: &state.key,
+            released,
+            holders: &state.holders,
+        };
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
+    } else if released {
+        let holders = state
+            .holders
+            .iter()
+            .map(|h| format!("{} (hold count {})", h.owner, h.hold_count))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!("force-unlocked {name:?}: it was held by {holders}; its waiters were woken");
+    } else {
+        println!("{name:?} was not locked: nothing to do");
+    }
+    Ok(())
+}
+
+/// Shows who holds the lock and reads the confirmation from the terminal.
+async fn ask(state: &inspect::LockState) -> anyhow::Result<String> {
+    let mut prompt = format!("lock {:?} (key {}) is held by\n", state.name, state.key);
+    for holder in &state.holders {
+        prompt.push_str(&format!(
+            "  {} (hold count {})\n",
+            holder.owner, holder.hold_count
+        ));
+    }
+    if let Some(ms) = state.ttl_ms {
+        prompt.push_str(&format!(
+            "with {} of lease left.\n",
+            render::duration(Duration::from_millis(ms))
+        ));
+    } else if state.no_expiry {
+        prompt.push_str("with no expiry: it would never free itself.\n");
+    }
+    prompt.push_str(
+        "The holder is not told until its next renewal and may still be writing.\n\
+         Type the lock name to confirm: ",
+    );
+    // Reading the terminal blocks; keep it off the runtime thread.
+    tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
+        let mut stderr = std::io::stderr().lock();
+        stderr.write_all(prompt.as_bytes())?;
+        stderr.flush()?;
+        let mut line = String::new();
+        let read = std::io::stdin().lock().read_line(&mut line)?;
+        if read == 0 {
+            bail!("aborted: no confirmation (end of input); nothing was changed");
+        }
+        Ok(line.trim_end_matches(['\r', '\n']).to_string())
+    })
+    .await
+    .context("the confirmation prompt failed")?
+}

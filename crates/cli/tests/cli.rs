@@ -1,0 +1,515 @@
+//! The `leasehold` binary against real Redis servers spawned by leasehold-testkit (never the
+//! one on 6379, never `REDIS_URL`): inspect, list, unlock --force, error handling, and the
+//! demo end to end.
+//!
+//! Waits use deadlines and events (a subscriber count reaching 1, a waiter's lock future
+//! completing, a line printed), never a bare sleep.
+
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fred::interfaces::{HashesInterface, KeysInterface, PubsubInterface};
+use fred::prelude::Value;
+use leasehold::LockClient;
+use leasehold_testkit::{ChildProcess, RedisServer};
+use serde_json::Value as Json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn start_redis() -> RedisServer {
+    RedisServer::start().expect("start a redis-server for the test")
+}
+
+/// `leasehold --url URL ARGS...` with stdin from /dev/null, no `REDIS_URL` or `DATABASE_URL`.
+async fn leasehold(url: &str, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL")
+        .arg("--url")
+        .arg(url)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    tokio::time::timeout(RUN_TIMEOUT, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("leasehold {args:?} did not finish within {RUN_TIMEOUT:?}"))
+        .expect("run the leasehold binary")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs and expects success; returns stdout.
+async fn ok(url: &str, args: &[&str]) -> String {
+    let output = leasehold(url, args).await;
+    assert!(
+        output.status.success(),
+        "leasehold {args:?} failed ({}): {}",
+        output.status,
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+async fn ok_json(url: &str, args: &[&str]) -> Json {
+    let text = ok(url, args).await;
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// Asserts a clean failure: exit code 1, one line on stderr containing `needle`, no panic.
+fn assert_clean_failure(output: &Output, needle: &str) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains(needle), "{needle:?} not in stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Waits (up to 10 s) until `channel` has `n` subscribers: a waiter has registered.
+async fn wait_for_subscribers(client: &LockClient, channel: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply: Vec<Value> = client.redis().pubsub_numsub(channel).await.unwrap();
+        if reply.get(1).and_then(Value::as_u64) == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{channel} never reached {n} subscribers"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_holder_lease_fence_and_waiters() {
+    let redis = start_redis();
+    let url = redis.url();
+    let holder = LockClient::connect(&url).await.unwrap();
+    let waiter = LockClient::connect(&url).await.unwrap();
+    let lock = holder.lock("inventory:42").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let waiting = {
+        let lock = waiter.lock("inventory:42").unwrap();
+        tokio::spawn(async move { lock.lock().await })
+    };
+    wait_for_subscribers(&holder, lock.keys().released(), 1).await;
+
+    let state = ok_json(&url, &["inspect", "inventory:42", "--json"]).await;
+    assert_eq!(state["name"], "inventory:42");
+    assert_eq!(state["key"], "leasehold:{inventory:42}");
+    assert_eq!(state["kind"], "reentrant");
+    assert_eq!(state["holders"][0]["owner"], guard.owner().id());
+    assert_eq!(state["holders"][0]["hold_count"], 1);
+    assert_eq!(state["holders"].as_array().unwrap().len(), 1);
+    assert_eq!(state["fence"], guard.fencing_token().get());
+    let ttl = state["ttl_ms"].as_u64().expect("a TTL");
+    assert!(ttl > 0 && ttl <= 30_000, "ttl {ttl}");
+    assert_eq!(state["no_expiry"], false);
+    assert_eq!(state["waiters"], 1);
+
+    let text = ok(&url, &["inspect", "inventory:42"]).await;
+    assert!(text.contains("reentrant"), "{text}");
+    assert!(
+        text.contains(&format!("{}  hold count 1", guard.owner().id())),
+        "{text}"
+    );
+    assert!(text.contains(&guard.fencing_token().to_string()), "{text}");
+    assert!(text.contains("1 client subscribed"), "{text}");
+
+    guard.unlock().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter gets the lock")
+        .unwrap()
+        .unwrap();
+    next.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_absent_and_foreign_keys() {
+    let redis = start_redis();
+    let url = redis.url();
+    redis.command(&["SET", "leasehold:{str}", "x"]).unwrap();
+    redis
+        .command(&["HSET", "leasehold:{odd}", "field", "not-a-count"])
+        .unwrap();
+
+    let absent = ok_json(&url, &["inspect", "nothing", "--json"]).await;
+    assert_eq!(absent["kind"], "none");
+    assert_eq!(absent["holders"], Json::Array(vec![]));
+    assert_eq!(absent["ttl_ms"], Json::Null);
+    assert_eq!(absent["fence"], Json::Null);
+    assert!(ok(&url, &["inspect", "nothing"])
+        .await
+        .contains("not locked"));
+
+    let string = ok_json(&url, &["inspect", "str", "--json"]).await;
+    assert_eq!(string["kind"], "foreign:string");
+    assert_eq!(string["no_expiry"], true);
+    let hash = ok_json(&url, &["inspect", "odd", "--json"]).await;
+    assert_eq!(hash["kind"], "foreign:hash");
+
+    let bad = leasehold(&url, &["inspect", "a}b"]).await;
+    assert_clean_failure(&bad, "hash tag");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_locks_under_the_prefix_only() {
+    let redis = start_redis();
+    let url = redis.url();
+    for (key, owner, count) in [
+        ("leasehold:{inventory:42}", "owner-a:t1", "2"),
+        ("leasehold:{inventory:7}", "owner-b:t3", "1"),
+        ("leasehold:{report}", "owner-c:t9", "1"),
+        ("leasehold:order:{42}:pay", "owner-d:o1", "1"),
+        ("other:{x}", "owner-e:t1", "1"),
+    ] {
+        redis.command(&["HSET", key, owner, count]).unwrap();
+        redis.command(&["PEXPIRE", key, "60000"]).unwrap();
+    }
+    // Not locks: a fencing counter, a string, a hash that is not a hold count map.
+    redis
+        .command(&["SET", "leasehold:{inventory:42}:fence", "12"])
+        .unwrap();
+    redis.command(&["SET", "leasehold:{str}", "x"]).unwrap();
+    redis
+        .command(&["HSET", "leasehold:{odd}", "field", "text"])
+        .unwrap();
+
+    let all = ok_json(&url, &["list", "--json"]).await;
+    let names: Vec<&str> = all["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["inventory:42", "inventory:7", "order:{42}:pay", "report"]
+    );
+    assert_eq!(all["prefix"], "leasehold");
+    let first = &all["locks"][0];
+    assert_eq!(first["key"], "leasehold:{inventory:42}");
+    assert_eq!(first["holders"][0]["owner"], "owner-a:t1");
+    assert_eq!(first["holders"][0]["hold_count"], 2);
+    let ttl = first["ttl_ms"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 60_000);
+
+    let inventory = ok_json(&url, &["list", "inventory:*", "--json"]).await;
+    assert_eq!(inventory["locks"].as_array().unwrap().len(), 2);
+    let seven = ok_json(&url, &["list", "inventory:[0-9]", "--json"]).await;
+    assert_eq!(seven["locks"][0]["name"], "inventory:7");
+    assert_eq!(seven["locks"].as_array().unwrap().len(), 1);
+
+    let text = ok(&url, &["list"]).await;
+    assert!(text.starts_with("NAME"), "{text}");
+    assert!(text.contains("owner-a:t1 x2"), "{text}");
+    assert!(text.contains("4 locks"), "{text}");
+    assert!(!text.contains("str") && !text.contains("odd") && !text.contains("fence"));
+
+    let other = ok_json(&url, &["--prefix", "other", "list", "--json"]).await;
+    assert_eq!(other["locks"][0]["name"], "x");
+    let none = ok_json(&url, &["list", "nomatch*", "--json"]).await;
+    assert_eq!(none["locks"], Json::Array(vec![]));
+    assert!(ok(&url, &["list", "nomatch*"]).await.contains("no locks"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_through_many_locks() {
+    let redis = start_redis();
+    let url = redis.url();
+    let client = LockClient::connect(&url).await.unwrap();
+    let pipeline = client.redis().pipeline();
+    for i in 0..1_234 {
+        let key = format!("leasehold:{{job:{i}}}");
+        let _: () = pipeline.hset(&key, ("owner:t1", 1)).await.unwrap();
+        let _: () = pipeline.pexpire(&key, 60_000, None).await.unwrap();
+    }
+    let _: Vec<Value> = pipeline.all().await.unwrap();
+
+    let all = ok_json(&url, &["list", "--json"]).await;
+    assert_eq!(all["locks"].as_array().unwrap().len(), 1_234);
+    let some = ok_json(&url, &["list", "job:12?", "--json"]).await;
+    assert_eq!(some["locks"].as_array().unwrap().len(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_force_yes_releases_and_wakes_the_waiter() {
+    let redis = start_redis();
+    let url = redis.url();
+    let holder = LockClient::connect(&url).await.unwrap();
+    let waiter = LockClient::connect(&url).await.unwrap();
+    let lock = holder.lock("stuck").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let waiting = {
+        let lock = waiter.lock("stuck").unwrap();
+        tokio::spawn(async move { lock.lock().await })
+    };
+    wait_for_subscribers(&holder, lock.keys().released(), 1).await;
+
+    let text = ok(&url, &["unlock", "--force", "--yes", "stuck"]).await;
+    assert!(text.contains("force-unlocked"), "{text}");
+    assert!(text.contains(guard.owner().id()), "{text}");
+    // The release message wakes the waiter: it holds the lock long before its 30 s lease
+    // polling would have let it try again.
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter was woken by the force unlock")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.unlock().await.unwrap();
+    drop(guard);
+
+    let absent = ok_json(&url, &["unlock", "--force", "--yes", "--json", "stuck"]).await;
+    assert_eq!(absent["released"], false);
+    assert!(ok(&url, &["unlock", "--force", "-y", "stuck"])
+        .await
+        .contains("not locked"));
+
+    let held = lock.lock().await.unwrap();
+    let json = ok_json(&url, &["unlock", "--force", "--yes", "--json", "stuck"]).await;
+    assert_eq!(json["released"], true);
+    assert_eq!(json["holders"][0]["owner"], held.owner().id());
+    let exists: i64 = holder.redis().exists(lock.keys().hash()).await.unwrap();
+    assert_eq!(exists, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_force_refuses_without_yes_when_stdin_is_not_a_terminal() {
+    let redis = start_redis();
+    let url = redis.url();
+    let client = LockClient::connect(&url).await.unwrap();
+    let lock = client.lock("precious").unwrap();
+    let guard = lock.lock().await.unwrap();
+
+    // stdin is /dev/null.
+    let output = leasehold(&url, &["unlock", "--force", "precious"]).await;
+    assert_clean_failure(&output, "--yes");
+    assert!(stderr(&output).contains("not a terminal"));
+
+    // A pipe cannot confirm either, even one that types the right name.
+    let mut child = tokio::process::Command::new(BIN)
+        .env_remove("REDIS_URL")
+        .args(["--url", &url, "unlock", "--force", "precious"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        // The child may have refused and exited already: a broken pipe is fine.
+        let _ = stdin.write_all(b"precious\n").await;
+    }
+    let output = tokio::time::timeout(RUN_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_clean_failure(&output, "--yes");
+
+    assert!(lock.is_locked().await.unwrap(), "the lock was left alone");
+    assert!(guard.is_held());
+    guard.unlock().await.unwrap();
+
+    // Without --force it is a usage error (exit 2), before anything is sent.
+    let usage = leasehold(&url, &["unlock", "--yes", "precious"]).await;
+    assert_eq!(usage.status.code(), Some(2), "{}", stderr(&usage));
+}
+
+/// `unlock --force NAME` on a terminal shows the holder and asks for the name: the wrong name
+/// aborts, the right one releases.
+#[test]
+fn unlock_force_asks_for_the_name_on_a_terminal() {
+    use std::io::Write;
+
+    let redis = start_redis();
+    redis
+        .command(&["HSET", "leasehold:{job}", "owner-x:t1", "1"])
+        .unwrap();
+    let confirm = |answer: &str| -> Output {
+        let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+        let mut child = std::process::Command::new(BIN)
+            .env_remove("REDIS_URL")
+            .args(["--url", &redis.url(), "unlock", "--force", "job"])
+            .stdin(Stdio::from(pty.slave))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Typed ahead: the terminal keeps the line until the prompt reads it.
+        let mut terminal = std::fs::File::from(pty.master);
+        terminal
+            .write_all(format!("{answer}\n").as_bytes())
+            .unwrap();
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("unlock --force did not finish within {RUN_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(terminal);
+        child.wait_with_output().unwrap()
+    };
+
+    let wrong = confirm("jbo");
+    assert!(stderr(&wrong).contains("owner-x:t1"), "{}", stderr(&wrong));
+    assert!(stderr(&wrong).contains("Type the lock name to confirm"));
+    assert!(stderr(&wrong).contains("aborted"), "{}", stderr(&wrong));
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(!redis
+        .command(&["HGETALL", "leasehold:{job}"])
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    let right = confirm("job");
+    assert!(right.status.success(), "{}", stderr(&right));
+    assert!(
+        stdout(&right).contains("force-unlocked"),
+        "{}",
+        stdout(&right)
+    );
+    assert_eq!(
+        redis
+            .command(&["EXISTS", "leasehold:{job}"])
+            .unwrap()
+            .as_int(),
+        Some(0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_force_leaves_foreign_keys_alone() {
+    let redis = start_redis();
+    let url = redis.url();
+    redis.command(&["SET", "leasehold:{str}", "x"]).unwrap();
+    let output = leasehold(&url, &["unlock", "--force", "--yes", "str"]).await;
+    assert_clean_failure(&output, "not a leasehold lock");
+    assert!(!redis.command(&["GET", "leasehold:{str}"]).unwrap().is_nil());
+}
+
+#[tokio::test]
+async fn bad_urls_fail_with_one_clear_line() {
+    for url in ["not a url", "http://127.0.0.1:6379", "redis://"] {
+        for args in [
+            &["list"][..],
+            &["inspect", "x"],
+            &["unlock", "--force", "--yes", "x"],
+        ] {
+            let output = leasehold(url, args).await;
+            assert_clean_failure(&output, "bad Redis URL");
+        }
+    }
+}
+
+#[tokio::test]
+async fn unreachable_server_fails_with_one_clear_line() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let expected = format!("cannot connect to Redis at 127.0.0.1:{port}");
+    for args in [&["list"][..], &["inspect", "x", "--json"], &["demo"]] {
+        let output = leasehold(&url, args).await;
+        assert_clean_failure(&output, &expected);
+    }
+}
+
+/// Runs `leasehold demo` with only the given `REDIS_URL` / `DATABASE_URL` and asserts it
+/// passes; returns its output.
+fn run_demo(redis_url: Option<&str>, database_url: Option<&str>) -> String {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("demo")
+        .env_remove("REDIS_URL")
+        .env_remove("DATABASE_URL");
+    if let Some(url) = redis_url {
+        cmd.env("REDIS_URL", url);
+    }
+    if let Some(url) = database_url {
+        cmd.env("DATABASE_URL", url);
+    }
+    let demo = ChildProcess::spawn(cmd).expect("spawn the demo");
+    let summary = demo.wait_for_line(
+        |line| line.starts_with("all scenarios") || line.contains("did not behave"),
+        Duration::from_secs(120),
+    );
+    let status = demo.wait_timeout(Duration::from_secs(30));
+    let output = demo.recent_output();
+    let summary = summary.unwrap_or_else(|e| panic!("the demo did not finish: {e}"));
+    assert_eq!(
+        summary.split(" (").next(),
+        Some("all scenarios behaved as expected"),
+        "{output}"
+    );
+    assert!(status.expect("the demo exits").success(), "{output}");
+    output
+}
+
+#[test]
+fn demo_plays_every_scenario_on_its_own_redis() {
+    let output = run_demo(None, None);
+    for expected in [
+        "started redis-server",
+        "oversold by",
+        "no oversell",
+        "stale write rejected by fencing token",
+        "starting the daily report",
+        "another instance is running the report; skipping",
+        "ok: the report ran exactly once",
+        "the watchdog renewed the lease",
+        "handoff:",
+    ] {
+        assert!(output.contains(expected), "{expected:?} missing:\n{output}");
+    }
+}
+
+#[test]
+fn demo_on_a_given_redis_leaves_no_keys_behind() {
+    let redis = start_redis();
+    redis.command(&["SET", "unrelated", "kept"]).unwrap();
+    let output = run_demo(Some(&redis.url()), None);
+    assert!(output.contains("from REDIS_URL"), "{output}");
+    let keys = redis.command(&["KEYS", "*"]).unwrap();
+    let keys: Vec<String> = keys
+        .as_array()
+        .expect("KEYS replies with an array")
+        .iter()
+        .filter_map(|k| k.as_str())
+        .collect();
+    assert_eq!(keys, ["unrelated"], "the demo left keys behind");
+}
+
+/// The PostgreSQL store, when a server is at hand (`DATABASE_URL`, e.g.
+/// `postgres://postgres@127.0.0.1:5432/test`); without one there is nothing to run it on.
+#[test]
+fn demo_uses_postgres_when_database_url_is_set() {
+    let database_url = match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => {
+            eprintln!("DATABASE_URL is not set: the PostgreSQL path of the demo is not exercised");
+            return;
+        }
+    };
+    let output = run_demo(None, Some(&database_url));
+    assert!(output.contains("PostgreSQL from DATABASE_URL"), "{output}");
+    assert!(
+        output.contains("stale write rejected by fencing token"),
+        "{output}"
+    );
+}
