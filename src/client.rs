@@ -55,8 +55,8 @@ impl fmt::Debug for LockClient {
     }
 }
 
-/// (lock hash, owner): one owner's holds on one lock.
-type HoldKey = (Arc<str>, Owner);
+/// One owner's holds on one lock (cloning it copies no strings).
+type HoldKey = (LockKeys, Owner);
 
 pub(crate) struct ClientInner {
     pub(crate) redis: Client,
@@ -67,8 +67,9 @@ pub(crate) struct ClientInner {
     pub(crate) watchdog: Watchdog,
     notifier: OnceCell<ReleaseNotifier>,
     subscriber_builder: Builder,
-    /// Live guards per (lock hash, owner): the hold count an unanswered acquire would produce is
-    /// this plus one, which is what the rollback of such an acquire checks for.
+    /// Live fixed-lease guards per (lock, owner); watched guards are counted by the watchdog.
+    /// The hold count an unanswered acquire would produce is their sum plus one, which is what
+    /// the rollback of such an acquire checks for.
     local_holds: Mutex<HashMap<HoldKey, u64>>,
     /// Rollbacks in flight per (lock hash, owner). The owner's next acquire waits for them: a
     /// rollback that arrived after a fresh grant would take that grant away.
@@ -143,7 +144,7 @@ impl ClientInner {
         owner: &Owner,
         rollback: BoxFuture<'static, ()>,
     ) {
-        let key = (Arc::from(keys.hash()), owner.clone());
+        let key = (keys.clone(), owner.clone());
         let this = self.clone();
         let done_key = key.clone();
         let shared = async move {
@@ -158,25 +159,34 @@ impl ClientInner {
 
     /// Waits for a rollback of `owner`'s unanswered acquire on this lock, if one is in flight.
     pub(crate) async fn rollback_settled(&self, keys: &LockKeys, owner: &Owner) {
-        let key = (Arc::from(keys.hash()), owner.clone());
-        let pending = self.rollbacks.lock().get(&key).cloned();
+        let key = (keys.clone(), owner.clone());
+        let pending = {
+            let rollbacks = self.rollbacks.lock();
+            if rollbacks.is_empty() {
+                return;
+            }
+            rollbacks.get(&key).cloned()
+        };
         if let Some(pending) = pending {
             pending.await;
         }
     }
 
+    /// Live guards of `owner` on this lock in this client: watched ones are counted by the
+    /// watchdog, fixed-lease ones here.
     pub(crate) fn local_holds(&self, keys: &LockKeys, owner: &Owner) -> u64 {
-        let key = (Arc::from(keys.hash()), owner.clone());
-        self.local_holds.lock().get(&key).copied().unwrap_or(0)
+        let key = (keys.clone(), owner.clone());
+        let fixed = self.local_holds.lock().get(&key).copied().unwrap_or(0);
+        fixed + self.watchdog.holds_of(keys, owner)
     }
 
     pub(crate) fn add_local_hold(&self, keys: &LockKeys, owner: &Owner) {
-        let key = (Arc::from(keys.hash()), owner.clone());
+        let key = (keys.clone(), owner.clone());
         *self.local_holds.lock().entry(key).or_insert(0) += 1;
     }
 
     pub(crate) fn remove_local_hold(&self, keys: &LockKeys, owner: &Owner) {
-        let key = (Arc::from(keys.hash()), owner.clone());
+        let key = (keys.clone(), owner.clone());
         let mut holds = self.local_holds.lock();
         if let Some(count) = holds.get_mut(&key) {
             *count -= 1;

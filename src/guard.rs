@@ -64,7 +64,9 @@ impl LockGuard {
         hold_count: u64,
         lease: GuardLease,
     ) -> LockGuard {
-        client.add_local_hold(&keys, &owner);
+        if let GuardLease::Fixed(_) = lease {
+            client.add_local_hold(&keys, &owner);
+        }
         LockGuard {
             client,
             keys,
@@ -152,6 +154,14 @@ impl LockGuard {
         }
     }
 
+    /// Stops renewal (a watched hold) or the local count (a fixed one): this guard no longer
+    /// keeps anything alive, whatever happens to its release.
+    fn forget_lease(&mut self) {
+        if let Some(GuardLease::Fixed(_)) = self.lease.take() {
+            self.client.remove_local_hold(&self.keys, &self.owner);
+        }
+    }
+
     fn lease_lost(&self) -> LockError {
         LockError::LeaseLost {
             name: self.keys.name().to_string(),
@@ -167,8 +177,7 @@ impl LockGuard {
     /// lease ends the hold if it did not run.
     pub async fn unlock(mut self) -> Result<()> {
         // Stop renewal first: whatever the reply, this guard no longer keeps the lease alive.
-        self.lease.take();
-        self.client.remove_local_hold(&self.keys, &self.owner);
+        self.forget_lease();
         self.client.ready().await;
         let reply = commands::release(&self.client.redis, &self.keys, &self.owner).await;
         match reply {
@@ -194,8 +203,7 @@ impl LockGuard {
     /// [`LockError::InvalidArgument`] for a duration under 1 ms or over the maximum lease.
     pub async fn unlock_after(mut self, after: Duration) -> Result<()> {
         let after_ms = leasehold_core::lease_millis(after)?;
-        self.lease.take();
-        self.client.remove_local_hold(&self.keys, &self.owner);
+        self.forget_lease();
         self.client.ready().await;
         match commands::release_after(&self.client.redis, &self.keys, &self.owner, after_ms).await {
             Ok(commands::Release::Released { .. }) => Ok(()),
@@ -210,10 +218,10 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.lease.take().is_none() {
+        if self.lease.is_none() {
             return; // released by unlock()
         }
-        self.client.remove_local_hold(&self.keys, &self.owner);
+        self.forget_lease();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(lock = %self.keys.name(), "guard dropped outside a tokio runtime: the lease will end the hold");
             return;

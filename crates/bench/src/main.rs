@@ -87,7 +87,8 @@ impl Plan {
                 uncontended: Duration::from_secs(2),
                 handoff: Duration::from_secs(3),
                 crash_trials: 2,
-                watchdog_lease: Duration::from_millis(1500),
+                // 10x the default renewal rate, so a quick run still sees several ticks.
+                watchdog_lease: Duration::from_secs(3),
                 watchdog_ticks: 4,
             }
         } else {
@@ -95,8 +96,9 @@ impl Plan {
                 uncontended: Duration::from_secs(10),
                 handoff: Duration::from_secs(15),
                 crash_trials: 7,
-                watchdog_lease: Duration::from_secs(3),
-                watchdog_ticks: 10,
+                // The default lease: CPU per second of holding as users run it.
+                watchdog_lease: leasehold::DEFAULT_LEASE,
+                watchdog_ticks: 3,
             }
         }
     }
@@ -128,10 +130,11 @@ fn main() -> anyhow::Result<()> {
         let admin = redis_stats::Admin::connect(&url).await?;
         if wanted("uncontended") {
             admin.flush().await?;
-            results.uncontended = Some(uncontended::run(&url, args.tasks, plan.uncontended).await?);
+            results.uncontended =
+                Some(uncontended::run(&url, args.tasks, plan.uncontended, GLOBAL).await?);
             admin.flush().await?;
             results.uncontended_sequential =
-                Some(uncontended::run(&url, 1, plan.uncontended).await?);
+                Some(uncontended::run(&url, 1, plan.uncontended, GLOBAL).await?);
         }
         if wanted("handoff") {
             for kind in [

@@ -54,6 +54,10 @@ pub(crate) fn print_table(results: &Results, quick: bool) {
                 "{label:<24} tasks={:<3} pairs/s={:>9.0}  baseline calls/s={:>9.0}  ratio_to_limit={:.2} (target >= 0.8)",
                 u.tasks, u.pairs_per_sec, u.baseline_calls_per_sec, u.ratio_to_limit
             );
+            println!(
+                "{:<24} client cpu/pair={:.1}us (baseline call {:.1}us, x2 = the limit's share)  allocations/pair={:.1}",
+                "", u.client_cpu_us_per_pair, u.client_cpu_us_per_call, u.allocs_per_pair
+            );
         }
     }
     let handoffs = [
@@ -90,8 +94,8 @@ pub(crate) fn print_table(results: &Results, quick: bool) {
     }
     if let Some(w) = &results.watchdog {
         println!(
-            "{:<24} holds={}  round trips/tick={:.1}  cpu={:.1} ms/s  memory={:.0} bytes/hold",
-            "watchdog", w.holds, w.round_trips_per_tick, w.cpu_ms_per_sec, w.bytes_per_hold
+            "{:<24} holds={} lease={:?}  round trips/tick={:.1}  cpu={:.1} ms/s  memory={:.0} bytes/hold",
+            "watchdog", w.holds, w.lease, w.round_trips_per_tick, w.cpu_ms_per_sec, w.bytes_per_hold
         );
     }
 }

@@ -6,9 +6,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::alloc::System;
+
+use cpu_time::ProcessTime;
 use fred::interfaces::LuaInterface;
 use leasehold::LockClient;
 use serde::Serialize;
+use stats_alloc::{Region, StatsAlloc};
 use tokio::time::Instant;
 
 #[derive(Clone, Debug, Serialize)]
@@ -17,6 +21,15 @@ pub(crate) struct Uncontended {
     pub(crate) pairs_per_sec: f64,
     pub(crate) baseline_calls_per_sec: f64,
     pub(crate) ratio_to_limit: f64,
+    /// Client-side cost of one lock + unlock pair (table only, not in the JSON contract).
+    #[serde(skip)]
+    pub(crate) client_cpu_us_per_pair: f64,
+    /// Heap allocations per pair (table only).
+    #[serde(skip)]
+    pub(crate) allocs_per_pair: f64,
+    /// Client-side cost of one baseline EVALSHA (table only).
+    #[serde(skip)]
+    pub(crate) client_cpu_us_per_call: f64,
 }
 
 /// Runs `rounds` alternating slices of baseline and leasehold, so drift in machine load hits
@@ -25,6 +38,7 @@ pub(crate) async fn run(
     url: &str,
     tasks: usize,
     duration: Duration,
+    allocator: &'static StatsAlloc<System>,
 ) -> anyhow::Result<Uncontended> {
     let client = LockClient::connect(url).await?;
     let trivial = fred::types::scripts::Script::from_lua("return 1");
@@ -36,12 +50,20 @@ pub(crate) async fn run(
     let slice = duration / rounds;
     let (mut pairs, mut calls) = (0u64, 0u64);
     let (mut pair_time, mut call_time) = (Duration::ZERO, Duration::ZERO);
+    let (mut pair_cpu, mut call_cpu) = (Duration::ZERO, Duration::ZERO);
+    let mut pair_allocs = 0usize;
     for round in 0..rounds {
         let started = Instant::now();
+        let cpu = ProcessTime::now();
         calls += baseline(&client, &trivial, tasks, slice).await?;
+        call_cpu += cpu.elapsed();
         call_time += started.elapsed();
         let started = Instant::now();
+        let cpu = ProcessTime::now();
+        let region = Region::new(allocator);
         pairs += lock_unlock(&client, tasks, slice, round).await?;
+        pair_allocs += region.change().allocations;
+        pair_cpu += cpu.elapsed();
         pair_time += started.elapsed();
     }
     let pairs_per_sec = pairs as f64 / pair_time.as_secs_f64();
@@ -51,6 +73,9 @@ pub(crate) async fn run(
         pairs_per_sec,
         baseline_calls_per_sec,
         ratio_to_limit: 2.0 * pairs_per_sec / baseline_calls_per_sec,
+        client_cpu_us_per_pair: pair_cpu.as_secs_f64() * 1e6 / pairs.max(1) as f64,
+        allocs_per_pair: pair_allocs as f64 / pairs.max(1) as f64,
+        client_cpu_us_per_call: call_cpu.as_secs_f64() * 1e6 / calls.max(1) as f64,
     })
 }
 

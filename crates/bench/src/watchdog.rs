@@ -15,6 +15,9 @@ use tokio::time::Instant;
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct WatchdogRun {
     pub(crate) holds: usize,
+    /// The lease used (table only; renewals every lease/3).
+    #[serde(skip)]
+    pub(crate) lease: Duration,
     pub(crate) round_trips_per_tick: f64,
     pub(crate) cpu_ms_per_sec: f64,
     pub(crate) bytes_per_hold: f64,
@@ -61,6 +64,7 @@ pub(crate) async fn run(
     drop(guards);
     Ok(WatchdogRun {
         holds,
+        lease,
         round_trips_per_tick: (after.renew_calls - before.renew_calls) as f64 / observed_ticks,
         cpu_ms_per_sec: cpu_used.as_secs_f64() * 1000.0 / elapsed.as_secs_f64(),
         bytes_per_hold: bytes / holds as f64,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use fred::interfaces::LuaInterface;
 use fred::prelude::{Error as FredError, ErrorKind, Value};
+use fred::types::Key;
 
 use crate::scripts::{ACQUIRE, FORCE_UNLOCK, RELEASE, RELEASE_AFTER, RENEW, ROLLBACK};
 use crate::{FencingToken, LockKeys, Owner};
@@ -88,13 +89,17 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     let reply: Value = ACQUIRE
         .call(
             client,
-            vec![keys.hash(), keys.fence(), keys.queue()],
             vec![
-                Value::from(owner.id()),
+                Key::from(keys.hash_str()),
+                Key::from(keys.fence_str()),
+                Key::from(keys.queue_str()),
+            ],
+            vec![
+                Value::from(owner.id_str().clone()),
                 Value::from(lease_ms as i64),
                 Value::from(waiting_client),
                 Value::from(more),
-                Value::from(keys.released()),
+                Value::from(keys.released_str().clone()),
                 Value::from(PUBLISH),
             ],
         )
@@ -127,10 +132,10 @@ pub async fn release<C: LuaInterface + Send + Sync>(
     let reply: Value = RELEASE
         .call(
             client,
-            vec![keys.hash(), keys.queue()],
+            vec![Key::from(keys.hash_str()), Key::from(keys.queue_str())],
             vec![
-                Value::from(owner.id()),
-                Value::from(keys.released()),
+                Value::from(owner.id_str().clone()),
+                Value::from(keys.released_str().clone()),
                 Value::from(PUBLISH),
                 Value::from(TURN_GRACE.as_millis() as i64),
             ],
@@ -193,22 +198,29 @@ pub async fn rollback<C: LuaInterface + Send + Sync>(
     Ok(undone == 1)
 }
 
-/// Runs the renew script over `holds` (lock hash, owner id) with a lease of `lease_ms`.
+/// Runs the renew script over `holds` (lock, owner) with a lease of `lease_ms`.
 /// Returns, in order, whether each hold was still held (and is now renewed).
 ///
 /// On Redis Cluster every key of one call must share a slot: the caller groups by slot.
 pub async fn renew<C: LuaInterface + Send + Sync>(
     client: &C,
-    holds: &[(&str, &str)],
+    holds: &[(LockKeys, Owner)],
     lease_ms: u64,
 ) -> Result<Vec<bool>, FredError> {
     if holds.is_empty() {
         return Ok(Vec::new());
     }
-    let keys: Vec<&str> = holds.iter().map(|(key, _)| *key).collect();
+    let keys: Vec<Key> = holds
+        .iter()
+        .map(|(keys, _)| Key::from(keys.hash_str()))
+        .collect();
     let mut args = Vec::with_capacity(holds.len() + 1);
     args.push(Value::from(lease_ms as i64));
-    args.extend(holds.iter().map(|(_, owner)| Value::from(*owner)));
+    args.extend(
+        holds
+            .iter()
+            .map(|(_, owner)| Value::from(owner.id_str().clone())),
+    );
     let reply: Value = RENEW.call(client, keys, args).await?;
     match &reply {
         Value::Array(values) if values.len() == holds.len() => {

@@ -16,6 +16,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use bytes_utils::Str;
+
 use crate::{LockError, Result};
 
 /// The default key prefix.
@@ -72,13 +74,34 @@ impl fmt::Display for Prefix {
 }
 
 /// The keys and channel of one lock, derived once when the handle is made.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LockKeys {
-    name: Arc<str>,
-    hash: Arc<str>,
-    fence: Arc<str>,
-    released: Arc<str>,
-    queue: Arc<str>,
+///
+/// Cheap to clone (one reference count), and its strings are fred [`Str`]s, so putting them
+/// into a command copies no bytes: every acquire and release sends three or four of them.
+/// Equality and hashing use the lock hash key alone (it determines the others).
+#[derive(Clone, Debug)]
+pub struct LockKeys(Arc<KeyStrings>);
+
+#[derive(Debug)]
+struct KeyStrings {
+    name: String,
+    hash: Str,
+    fence: Str,
+    released: Str,
+    queue: Str,
+}
+
+impl PartialEq for LockKeys {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.hash == other.0.hash
+    }
+}
+
+impl Eq for LockKeys {}
+
+impl std::hash::Hash for LockKeys {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash.hash(state);
+    }
 }
 
 impl LockKeys {
@@ -134,38 +157,74 @@ impl LockKeys {
         } else {
             format!("{prefix}:{{{name}}}")
         };
-        Ok(LockKeys {
-            name: name.into(),
-            fence: format!("{hash}:fence").into(),
-            released: format!("{hash}:released").into(),
-            queue: format!("{hash}:queue").into(),
-            hash: hash.into(),
-        })
+        // One buffer holds all four strings; each is a slice of it (one allocation, and no
+        // copy when a slice goes into a command).
+        let all = bytes::Bytes::from(format!("{hash}{hash}:fence{hash}:released{hash}:queue"));
+        let mut at = 0;
+        let mut next = |len: usize| {
+            let slice = Str::from_inner(all.slice(at..at + len))
+                .expect("slices of a str at char boundaries");
+            at += len;
+            slice
+        };
+        let (h, f, r, q) = (
+            next(hash.len()),
+            next(hash.len() + ":fence".len()),
+            next(hash.len() + ":released".len()),
+            next(hash.len() + ":queue".len()),
+        );
+        Ok(LockKeys(Arc::new(KeyStrings {
+            name: name.to_string(),
+            hash: h,
+            fence: f,
+            released: r,
+            queue: q,
+        })))
     }
 
     /// The lock name as the caller gave it.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
 
     /// `P:{N}`: the hash of owners and hold counts.
     pub fn hash(&self) -> &str {
-        &self.hash
+        &self.0.hash
     }
 
     /// `P:{N}:fence`: the fencing counter.
     pub fn fence(&self) -> &str {
-        &self.fence
+        &self.0.fence
     }
 
     /// `P:{N}:released`: the channel a release is published on.
     pub fn released(&self) -> &str {
-        &self.released
+        &self.0.released
     }
 
     /// `P:{N}:queue`: the clients that have waiters, in the order their turn comes.
     pub fn queue(&self) -> &str {
-        &self.queue
+        &self.0.queue
+    }
+
+    /// The hash key as a shared string (no copy when put into a command).
+    pub fn hash_str(&self) -> &Str {
+        &self.0.hash
+    }
+
+    /// The fence key as a shared string.
+    pub fn fence_str(&self) -> &Str {
+        &self.0.fence
+    }
+
+    /// The release channel as a shared string.
+    pub fn released_str(&self) -> &Str {
+        &self.0.released
+    }
+
+    /// The queue key as a shared string.
+    pub fn queue_str(&self) -> &Str {
+        &self.0.queue
     }
 }
 

@@ -11,6 +11,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytes_utils::Str;
 use uuid::Uuid;
 
 /// The identity of one lock client (one process usually has one).
@@ -59,7 +60,7 @@ impl ClientId {
 /// Cheap to clone. Two futures that should not re-enter each other inside one task use two
 /// explicit owners; tasks that share one hold share one explicit owner.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Owner(Arc<str>);
+pub struct Owner(Str);
 
 impl Owner {
     fn from_parts(client: &str, local: &str) -> Owner {
@@ -67,12 +68,17 @@ impl Owner {
     }
 
     /// Wraps an owner id read back from Redis (for inspection tools).
-    pub fn from_id(id: impl Into<Arc<str>>) -> Owner {
-        Owner(id.into())
+    pub fn from_id(id: impl Into<String>) -> Owner {
+        Owner(id.into().into())
     }
 
     /// The id as stored in the lock hash.
     pub fn id(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as a shared string (no copy when put into a command).
+    pub fn id_str(&self) -> &Str {
         &self.0
     }
 }

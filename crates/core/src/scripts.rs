@@ -6,6 +6,7 @@
 
 use std::sync::LazyLock;
 
+use bytes_utils::Str;
 use fred::interfaces::LuaInterface;
 use fred::prelude::{Error as FredError, FromValue};
 use fred::types::scripts::Script;
@@ -16,7 +17,7 @@ use fred::types::{MultipleKeys, MultipleValues};
 pub struct LuaScript {
     name: &'static str,
     lua: &'static str,
-    script: Script,
+    sha1: Str,
 }
 
 impl LuaScript {
@@ -24,7 +25,7 @@ impl LuaScript {
         LuaScript {
             name,
             lua,
-            script: Script::from_lua(lua),
+            sha1: Script::from_lua(lua).sha1().to_string().into(),
         }
     }
 
@@ -40,7 +41,7 @@ impl LuaScript {
 
     /// The SHA1 that EVALSHA sends.
     pub fn sha1(&self) -> &str {
-        self.script.sha1()
+        &self.sha1
     }
 
     /// Runs the script with EVALSHA, loading it first when Redis answers NOSCRIPT.
@@ -54,13 +55,15 @@ impl LuaScript {
     {
         let keys: MultipleKeys = keys.into();
         let args: MultipleValues = args.try_into().map_err(Into::into)?;
+        // Keys and arguments are shared strings (LockKeys, Owner), so keeping a copy for the
+        // NOSCRIPT resend costs reference counts, not bytes.
         match client
-            .evalsha(self.sha1().to_string(), keys.clone(), args.clone())
+            .evalsha(self.sha1.clone(), keys.clone(), args.clone())
             .await
         {
             Err(error) if error.details().starts_with("NOSCRIPT") => {
                 client.script_load::<(), _>(self.lua).await?;
-                client.evalsha(self.sha1().to_string(), keys, args).await
+                client.evalsha(self.sha1.clone(), keys, args).await
             }
             result => result,
         }

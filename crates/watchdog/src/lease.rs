@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 /// The drift allowance subtracted from a lease when computing its local validity deadline:
 /// 1% of the lease plus 2 ms, for clock rate differences and scheduling delay (the Redlock rule).
@@ -16,9 +18,12 @@ pub fn drift_for(lease: Duration) -> Duration {
 ///
 /// The deadline is measured from when the acquire (or the last confirmed renewal) was *sent*,
 /// not when its reply came back: Redis started the lease no earlier than the send.
+///
+/// Kept small (an atomic, a `Notify` and a deadline): a client may hold ten thousand of these.
 #[derive(Debug)]
 pub struct LeaseState {
-    lost: CancellationToken,
+    lost: AtomicBool,
+    lost_notify: Notify,
     valid_until: Mutex<Instant>,
 }
 
@@ -26,7 +31,8 @@ impl LeaseState {
     /// A lease valid until `valid_until` unless extended or marked lost.
     pub fn new(valid_until: Instant) -> LeaseState {
         LeaseState {
-            lost: CancellationToken::new(),
+            lost: AtomicBool::new(false),
+            lost_notify: Notify::new(),
             valid_until: Mutex::new(valid_until),
         }
     }
@@ -38,11 +44,11 @@ impl LeaseState {
 
     /// Whether the hold is still certainly valid: not marked lost and before its deadline.
     pub fn is_held(&self) -> bool {
-        if self.lost.is_cancelled() {
+        if self.lost.load(Ordering::Acquire) {
             return false;
         }
         if Instant::now() >= self.valid_until() {
-            self.lost.cancel();
+            self.mark_lost();
             return false;
         }
         true
@@ -53,9 +59,9 @@ impl LeaseState {
     /// caller has been told is gone.
     pub fn extend(&self, valid_until: Instant) -> bool {
         let mut deadline = self.valid_until.lock();
-        if self.lost.is_cancelled() || Instant::now() >= *deadline {
+        if self.lost.load(Ordering::Acquire) || Instant::now() >= *deadline {
             drop(deadline);
-            self.lost.cancel();
+            self.mark_lost();
             return false;
         }
         if valid_until > *deadline {
@@ -66,7 +72,9 @@ impl LeaseState {
 
     /// Marks the lease lost (renewal found the owner gone, or the hold was released).
     pub fn mark_lost(&self) {
-        self.lost.cancel();
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            self.lost_notify.notify_waiters();
+        }
     }
 
     /// Completes when the lease is lost: marked lost, or its deadline passed without extension.
@@ -75,14 +83,17 @@ impl LeaseState {
     /// Cancel safe: it only observes state.
     pub async fn lost(&self) {
         loop {
+            // Register before checking, so a mark_lost in between is not missed.
+            let notified = self.lost_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.is_held() {
+                return;
+            }
             let deadline = self.valid_until();
             tokio::select! {
-                _ = self.lost.cancelled() => return,
-                _ = tokio::time::sleep_until(deadline) => {
-                    if !self.is_held() {
-                        return;
-                    }
-                }
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
             }
         }
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use fred::interfaces::ClientLike;
 use leasehold_core::{commands, LockError, LockKeys, Owner};
 use parking_lot::Mutex;
+use slab::Slab;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -20,22 +21,21 @@ use crate::lease::{drift_for, LeaseState};
 /// The boxed future a [`Renewer`] returns.
 pub type RenewFuture = Pin<Box<dyn Future<Output = Result<Vec<bool>, LockError>> + Send>>;
 
-/// Sends one batch of renewals: `(lock hash, owner)` pairs with one lease; answers, in order,
+/// Sends one batch of renewals: `(lock, owner)` pairs with one lease; answers, in order,
 /// whether each hold was still held. [`fred::clients::Client`] implements it with the renew
 /// script; tests of timing may record calls instead.
 pub trait Renewer: Send + Sync + 'static {
     /// Renews `holds` with a lease of `lease_ms` milliseconds.
-    fn renew(&self, holds: Vec<(Arc<str>, Owner)>, lease_ms: u64) -> RenewFuture;
+    fn renew(&self, holds: Vec<(LockKeys, Owner)>, lease_ms: u64) -> RenewFuture;
 }
 
 /// Renewal through the renew script (`leasehold_core::scripts::RENEW`).
 impl Renewer for fred::clients::Client {
-    fn renew(&self, holds: Vec<(Arc<str>, Owner)>, lease_ms: u64) -> RenewFuture {
+    fn renew(&self, holds: Vec<(LockKeys, Owner)>, lease_ms: u64) -> RenewFuture {
         let client = self.clone();
         Box::pin(async move {
-            let pairs: Vec<(&str, &str)> = holds.iter().map(|(k, o)| (&**k, o.id())).collect();
             let timeout = client.perf_config().default_command_timeout;
-            commands::renew(&client, &pairs, lease_ms)
+            commands::renew(&client, &holds, lease_ms)
                 .await
                 .map_err(|e| LockError::from_redis(e, timeout))
         })
@@ -75,23 +75,50 @@ pub struct WatchdogStats {
     pub errors: u64,
 }
 
-type HoldKey = (Arc<str>, Owner);
+type HoldKey = (LockKeys, Owner);
 
 struct Entry {
+    key: HoldKey,
+    /// Unique for the watchdog's lifetime: slots are reused, ids never.
     id: u64,
     refs: usize,
-    name: Arc<str>,
     lease: Arc<LeaseState>,
     /// When the next renewal is due; `None` while a renewal is in flight.
     due: Option<Instant>,
 }
 
+/// Watched holds live in a slab (one slot each); the map finds a hold by lock and owner for
+/// re-entry, the set orders slots by due time.
 #[derive(Default)]
 struct State {
-    holds: HashMap<HoldKey, Entry>,
-    due: BTreeSet<(Instant, u64)>,
-    by_id: HashMap<u64, HoldKey>,
+    entries: Slab<Entry>,
+    index: HashMap<HoldKey, usize>,
+    due: BTreeSet<(Instant, usize)>,
     next_id: u64,
+    /// When the renewal task will next look at the schedule. A new hold wakes it only when
+    /// due earlier than that: acquiring a lock costs no task wake-up in the common case.
+    planned: Option<Instant>,
+}
+
+impl State {
+    /// The entry in `slot` if it is still the hold `id` (not released and replaced).
+    fn live(&mut self, slot: usize, id: u64) -> Option<&mut Entry> {
+        self.entries.get_mut(slot).filter(|e| e.id == id)
+    }
+
+    fn remove(&mut self, slot: usize) -> Entry {
+        let entry = self.entries.remove(slot);
+        self.index.remove(&entry.key);
+        if let Some(due) = entry.due {
+            self.due.remove(&(due, slot));
+        }
+        entry
+    }
+
+    fn schedule(&mut self, slot: usize, due: Instant) {
+        self.entries[slot].due = Some(due);
+        self.due.insert((due, slot));
+    }
 }
 
 struct Shared {
@@ -124,7 +151,7 @@ impl fmt::Debug for Watchdog {
 /// Dropping the last `Hold` of a lock and owner stops its renewal at once.
 pub struct Hold {
     shared: Arc<Shared>,
-    key: HoldKey,
+    slot: usize,
     id: u64,
     lease: Arc<LeaseState>,
 }
@@ -132,8 +159,7 @@ pub struct Hold {
 impl fmt::Debug for Hold {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Hold")
-            .field("key", &self.key.0)
-            .field("owner", &self.key.1)
+            .field("id", &self.id)
             .field("held", &self.lease.is_held())
             .finish()
     }
@@ -149,20 +175,15 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         let mut state = self.shared.state.lock();
-        let remove = match state.holds.get_mut(&self.key) {
-            Some(entry) if entry.id == self.id => {
+        let last = match state.live(self.slot, self.id) {
+            Some(entry) => {
                 entry.refs -= 1;
                 entry.refs == 0
             }
-            _ => false,
+            None => false, // already dropped from the schedule as lost
         };
-        if remove {
-            if let Some(entry) = state.holds.remove(&self.key) {
-                if let Some(due) = entry.due {
-                    state.due.remove(&(due, entry.id));
-                }
-                state.by_id.remove(&entry.id);
-            }
+        if last {
+            state.remove(self.slot);
         }
     }
 }
@@ -198,12 +219,22 @@ impl Watchdog {
     /// Counters so far.
     pub fn stats(&self) -> WatchdogStats {
         WatchdogStats {
-            holds: self.shared.state.lock().holds.len(),
+            holds: self.shared.state.lock().entries.len(),
             renew_calls: self.shared.renew_calls.load(Ordering::Relaxed),
             renewed: self.shared.renewed.load(Ordering::Relaxed),
             lost: self.shared.lost.load(Ordering::Relaxed),
             errors: self.shared.errors.load(Ordering::Relaxed),
         }
+    }
+
+    /// Live watched guards of `owner` on `keys` (0 when not watched).
+    pub fn holds_of(&self, keys: &LockKeys, owner: &Owner) -> u64 {
+        let key: HoldKey = (keys.clone(), owner.clone());
+        let state = self.shared.state.lock();
+        state
+            .index
+            .get(&key)
+            .map_or(0, |&slot| state.entries[slot].refs as u64)
     }
 
     /// Starts (or joins) watching the hold of `owner` on `keys`, granted by an acquire sent at
@@ -212,49 +243,43 @@ impl Watchdog {
     pub fn watch(&self, keys: &LockKeys, owner: &Owner, sent_at: Instant) -> Hold {
         let config = &self.shared.config;
         let valid_until = sent_at + config.lease - drift_for(config.lease);
-        let key: HoldKey = (keys.hash().into(), owner.clone());
+        let key: HoldKey = (keys.clone(), owner.clone());
         let mut state = self.shared.state.lock();
-        if let Some(entry) = state.holds.get_mut(&key) {
+        if let Some(&slot) = state.index.get(&key) {
+            let entry = &mut state.entries[slot];
             if entry.lease.extend(valid_until) {
                 entry.refs += 1;
                 return Hold {
                     shared: self.shared.clone(),
-                    key,
+                    slot,
                     id: entry.id,
                     lease: entry.lease.clone(),
                 };
             }
             // The old hold was lost; this grant starts a new one.
-            let old = state.holds.remove(&key).expect("entry present");
-            if let Some(due) = old.due {
-                state.due.remove(&(due, old.id));
-            }
-            state.by_id.remove(&old.id);
+            state.remove(slot);
         }
         state.next_id += 1;
         let id = state.next_id;
         let due = sent_at + config.lease / 3;
         let lease = Arc::new(LeaseState::new(valid_until));
-        state.holds.insert(
-            key.clone(),
-            Entry {
-                id,
-                refs: 1,
-                name: keys.name().into(),
-                lease: lease.clone(),
-                due: Some(due),
-            },
-        );
-        state.by_id.insert(id, key.clone());
-        let earliest = state.due.first().map(|(at, _)| *at);
-        state.due.insert((due, id));
+        let slot = state.entries.insert(Entry {
+            key: key.clone(),
+            id,
+            refs: 1,
+            lease: lease.clone(),
+            due: None,
+        });
+        state.index.insert(key, slot);
+        state.schedule(slot, due);
+        let wake = state.planned.is_none_or(|planned| due < planned);
         drop(state);
-        if earliest.is_none_or(|at| due < at) {
+        if wake {
             self.shared.changed.notify_one();
         }
         Hold {
             shared: self.shared.clone(),
-            key,
+            slot,
             id,
             lease,
         }
@@ -262,7 +287,8 @@ impl Watchdog {
 }
 
 struct BatchResult {
-    ids: Vec<u64>,
+    /// (slot, id) of each hold in the batch, in order.
+    ids: Vec<(usize, u64)>,
     sent_at: Instant,
     result: Result<Vec<bool>, LockError>,
 }
@@ -276,7 +302,7 @@ async fn run(shared: Arc<Shared>, renewer: Arc<dyn Renewer>, stop: CancellationT
     loop {
         let (batches, next) = take_due(&shared, window);
         for ids_holds in batches {
-            let (ids, holds): (Vec<u64>, Vec<HoldKey>) = ids_holds.into_iter().unzip();
+            let (ids, holds): (Vec<(usize, u64)>, Vec<HoldKey>) = ids_holds.into_iter().unzip();
             let renewer = renewer.clone();
             let done_tx = done_tx.clone();
             shared.renew_calls.fetch_add(1, Ordering::Relaxed);
@@ -292,12 +318,7 @@ async fn run(shared: Arc<Shared>, renewer: Arc<dyn Renewer>, stop: CancellationT
                 });
             });
         }
-        let sleep = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        let sleep = tokio::time::sleep_until(next);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = shared.changed.notified() => {}
@@ -308,35 +329,34 @@ async fn run(shared: Arc<Shared>, renewer: Arc<dyn Renewer>, stop: CancellationT
 }
 
 /// Takes every hold due now (or within `window` after the first due one) out of the schedule,
-/// in batches; returns them and when to look again.
-fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<(u64, HoldKey)>>, Option<Instant>) {
+/// in batches; returns them and when to look again (the first due time, or one idle period of
+/// `window * 2` = lease/3 when nothing is scheduled).
+#[allow(clippy::type_complexity)] // reason: batches of ((slot, id), hold), spelled out once here
+fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<((usize, u64), HoldKey)>>, Instant) {
     let now = Instant::now();
     let mut state = shared.state.lock();
     let mut taken = Vec::new();
     if state.due.first().is_some_and(|(at, _)| *at <= now) {
         let horizon = now + window;
-        while let Some(&(at, id)) = state.due.first() {
+        while let Some(&(at, slot)) = state.due.first() {
             if at > horizon {
                 break;
             }
             state.due.pop_first();
-            let Some(key) = state.by_id.get(&id).cloned() else {
-                continue;
-            };
-            let entry = state.holds.get_mut(&key).expect("indexed hold");
+            let entry = &mut state.entries[slot];
             entry.due = None;
             if !entry.lease.is_held() {
                 // The local deadline passed before we could renew: it is lost, stop here.
-                let entry = state.holds.remove(&key).expect("indexed hold");
-                state.by_id.remove(&entry.id);
+                let entry = state.remove(slot);
                 shared.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(lock = %entry.name, "lease lost: validity deadline passed before renewal");
+                tracing::warn!(lock = %entry.key.0.name(), "lease lost: validity deadline passed before renewal");
                 continue;
             }
-            taken.push((id, key));
+            taken.push(((slot, entry.id), entry.key.clone()));
         }
     }
-    let next = state.due.first().map(|(at, _)| *at);
+    let next = state.due.first().map_or(now + window * 2, |(at, _)| *at);
+    state.planned = Some(next);
     drop(state);
     let batch = shared.config.batch_size.max(1);
     let mut batches = Vec::with_capacity(taken.len().div_ceil(batch));
@@ -360,21 +380,19 @@ fn settle(shared: &Shared, done: BatchResult) {
             let names: Vec<&str> = done
                 .ids
                 .iter()
-                .filter_map(|id| state.by_id.get(id))
-                .filter_map(|key| state.holds.get(key))
+                .filter_map(|(slot, id)| state.entries.get(*slot).filter(|e| e.id == *id))
                 .take(5)
-                .map(|e| &*e.name)
+                .map(|e| e.key.0.name())
                 .collect();
             tracing::warn!(%error, holds = done.ids.len(), locks = ?names, "lease renewal failed; retrying");
             vec![None; done.ids.len()]
         }
     };
     let retry_at = Instant::now() + (lease / 10).min(Duration::from_secs(1));
-    for (id, outcome) in done.ids.iter().zip(outcomes) {
-        let Some(key) = state.by_id.get(id).cloned() else {
+    for (&(slot, id), outcome) in done.ids.iter().zip(outcomes) {
+        let Some(entry) = state.live(slot, id) else {
             continue; // released meanwhile
         };
-        let entry = state.holds.get_mut(&key).expect("indexed hold");
         let keep = match outcome {
             Some(true) if entry.lease.extend(valid_until) => {
                 shared.renewed.fetch_add(1, Ordering::Relaxed);
@@ -385,16 +403,12 @@ fn settle(shared: &Shared, done: BatchResult) {
             None => None,
         };
         match keep {
-            Some(due) => {
-                entry.due = Some(due);
-                state.due.insert((due, *id));
-            }
+            Some(due) => state.schedule(slot, due),
             None => {
-                let entry = state.holds.remove(&key).expect("indexed hold");
-                state.by_id.remove(id);
+                let entry = state.remove(slot);
                 entry.lease.mark_lost();
                 shared.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(lock = %entry.name, "lease lost: the owner no longer holds the lock");
+                tracing::warn!(lock = %entry.key.0.name(), "lease lost: the owner no longer holds the lock");
             }
         }
     }

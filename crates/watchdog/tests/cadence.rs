@@ -19,7 +19,7 @@ struct Recorder {
 }
 
 impl Renewer for Recorder {
-    fn renew(&self, holds: Vec<(Arc<str>, Owner)>, _lease_ms: u64) -> RenewFuture {
+    fn renew(&self, holds: Vec<(LockKeys, Owner)>, _lease_ms: u64) -> RenewFuture {
         self.calls.lock().push((Instant::now(), holds.len()));
         let gone = self.gone.lock().clone();
         let fail = *self.fail.lock();
@@ -29,7 +29,7 @@ impl Renewer for Recorder {
             }
             Ok(holds
                 .iter()
-                .map(|(k, _)| !gone.iter().any(|g| **g == **k))
+                .map(|(k, _)| !gone.iter().any(|g| g == k.hash()))
                 .collect())
         })
     }
