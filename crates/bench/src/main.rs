@@ -131,10 +131,10 @@ fn main() -> anyhow::Result<()> {
         if wanted("uncontended") {
             admin.flush().await?;
             results.uncontended =
-                Some(uncontended::run(&url, args.tasks, plan.uncontended, GLOBAL).await?);
+                Some(uncontended::run(&url, args.tasks, plan.uncontended, GLOBAL, &admin).await?);
             admin.flush().await?;
             results.uncontended_sequential =
-                Some(uncontended::run(&url, 1, plan.uncontended, GLOBAL).await?);
+                Some(uncontended::run(&url, 1, plan.uncontended, GLOBAL, &admin).await?);
         }
         if wanted("handoff") {
             for kind in [

@@ -56,6 +56,23 @@ impl Admin {
         Ok(sum_calls(&info, commands))
     }
 
+    /// Redis CPU per call of `command` since the last reset (`usec_per_call`).
+    pub(crate) async fn usec_per_call(&self, command: &str) -> anyhow::Result<f64> {
+        let info = self.commandstats().await?;
+        Ok(info
+            .lines()
+            .filter_map(|line| line.strip_prefix("cmdstat_"))
+            .filter_map(|line| line.split_once(':'))
+            .find(|(name, _)| *name == command)
+            .and_then(|(_, stats)| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("usec_per_call="))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0.0))
+    }
+
     /// The raw `INFO commandstats` text (for `LEASEHOLD_BENCH_DEBUG`).
     pub(crate) async fn commandstats(&self) -> anyhow::Result<String> {
         Ok(self.client.info(Some(InfoKind::CommandStats)).await?)

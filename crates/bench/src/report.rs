@@ -55,8 +55,13 @@ pub(crate) fn print_table(results: &Results, quick: bool) {
                 u.tasks, u.pairs_per_sec, u.baseline_calls_per_sec, u.ratio_to_limit
             );
             println!(
-                "{:<24} client cpu/pair={:.1}us (baseline call {:.1}us, x2 = the limit's share)  allocations/pair={:.1}",
-                "", u.client_cpu_us_per_pair, u.client_cpu_us_per_call, u.allocs_per_pair
+                "{:<24} client cpu/pair={:.1}us (baseline call {:.1}us)  allocations/pair={:.1}  redis cpu/script={:.1}us (trivial {:.1}us)",
+                "",
+                u.client_cpu_us_per_pair,
+                u.client_cpu_us_per_call,
+                u.allocs_per_pair,
+                u.server_us_per_script,
+                u.server_us_per_trivial
             );
         }
     }

@@ -13,6 +13,8 @@ use fred::interfaces::LuaInterface;
 use leasehold::LockClient;
 use serde::Serialize;
 use stats_alloc::{Region, StatsAlloc};
+
+use crate::redis_stats::Admin;
 use tokio::time::Instant;
 
 #[derive(Clone, Debug, Serialize)]
@@ -30,6 +32,12 @@ pub(crate) struct Uncontended {
     /// Client-side cost of one baseline EVALSHA (table only).
     #[serde(skip)]
     pub(crate) client_cpu_us_per_call: f64,
+    /// Redis CPU per script call (INFO commandstats usec_per_call): leasehold's acquire and
+    /// release scripts vs the trivial one (table only).
+    #[serde(skip)]
+    pub(crate) server_us_per_script: f64,
+    #[serde(skip)]
+    pub(crate) server_us_per_trivial: f64,
 }
 
 /// Runs `rounds` alternating slices of baseline and leasehold, so drift in machine load hits
@@ -39,6 +47,7 @@ pub(crate) async fn run(
     tasks: usize,
     duration: Duration,
     allocator: &'static StatsAlloc<System>,
+    admin: &Admin,
 ) -> anyhow::Result<Uncontended> {
     let client = LockClient::connect(url).await?;
     let trivial = fred::types::scripts::Script::from_lua("return 1");
@@ -52,12 +61,16 @@ pub(crate) async fn run(
     let (mut pair_time, mut call_time) = (Duration::ZERO, Duration::ZERO);
     let (mut pair_cpu, mut call_cpu) = (Duration::ZERO, Duration::ZERO);
     let mut pair_allocs = 0usize;
+    let (mut script_usec, mut trivial_usec) = (0.0, 0.0);
     for round in 0..rounds {
+        admin.reset_stats().await?;
         let started = Instant::now();
         let cpu = ProcessTime::now();
         calls += baseline(&client, &trivial, tasks, slice).await?;
         call_cpu += cpu.elapsed();
         call_time += started.elapsed();
+        trivial_usec += admin.usec_per_call("evalsha").await? / rounds as f64;
+        admin.reset_stats().await?;
         let started = Instant::now();
         let cpu = ProcessTime::now();
         let region = Region::new(allocator);
@@ -65,6 +78,7 @@ pub(crate) async fn run(
         pair_allocs += region.change().allocations;
         pair_cpu += cpu.elapsed();
         pair_time += started.elapsed();
+        script_usec += admin.usec_per_call("evalsha").await? / rounds as f64;
     }
     let pairs_per_sec = pairs as f64 / pair_time.as_secs_f64();
     let baseline_calls_per_sec = calls as f64 / call_time.as_secs_f64();
@@ -76,6 +90,8 @@ pub(crate) async fn run(
         client_cpu_us_per_pair: pair_cpu.as_secs_f64() * 1e6 / pairs.max(1) as f64,
         allocs_per_pair: pair_allocs as f64 / pairs.max(1) as f64,
         client_cpu_us_per_call: call_cpu.as_secs_f64() * 1e6 / calls.max(1) as f64,
+        server_us_per_script: script_usec,
+        server_us_per_trivial: trivial_usec,
     })
 }
 
