@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{client, cmd, exists, server};
 use leasehold::{LockClient, LockGuard};
-use leasehold_testkit::{ChildProcess, RedisServer};
+use leasehold_testkit::RedisServer;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -151,46 +151,7 @@ async fn a_bounded_wait_times_out_and_leaves_nothing() {
 /// variables; as a plain test it returns at once.
 #[test]
 fn child_holder_entry_point() {
-    let (Ok(url), Ok(name)) = (
-        std::env::var("LEASEHOLD_CHILD_URL"),
-        std::env::var("LEASEHOLD_CHILD_LOCK"),
-    ) else {
-        return;
-    };
-    let lease_ms: u64 = std::env::var("LEASEHOLD_CHILD_LEASE_MS")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let client = LockClient::builder(&url)
-            .lease(Duration::from_millis(lease_ms))
-            .build()
-            .await
-            .unwrap();
-        let guard = client.lock(&name).unwrap().lock().await.unwrap();
-        println!("LOCKED token={}", guard.fencing_token());
-        std::future::pending::<()>().await;
-    });
-}
-
-fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            "child_holder_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LEASEHOLD_CHILD_URL", redis.url())
-        .env("LEASEHOLD_CHILD_LOCK", name)
-        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string());
-    let child = ChildProcess::spawn(command).unwrap();
-    child
-        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
-        .unwrap();
-    child
+    common::run_child_holder_if_asked();
 }
 
 /// A holder process is SIGKILLed: nothing publishes, the key expires with its lease, and the
@@ -199,7 +160,7 @@ fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProces
 async fn a_waiter_acquires_soon_after_a_killed_holders_lease_ends() {
     let redis = server();
     let lease = Duration::from_millis(1500);
-    let holder = spawn_holder(&redis, "crash", lease);
+    let holder = common::spawn_holder(&redis, "crash", lease);
     let waiter = client(&redis.url()).await;
     let lock = waiter.lock("crash").unwrap();
     let waiting = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(60)).await });

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::{client_with_lease, cmd, exists, server};
 use leasehold::{LockClient, LockError};
-use leasehold_testkit::{ChildProcess, RedisServer};
+use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
 const LEASE: Duration = Duration::from_millis(1500);
@@ -197,39 +197,14 @@ async fn renewal_errors_are_retried() {
 /// Entry point of the holder child process (see waiting.rs); a no-op as a plain test.
 #[test]
 fn child_holder_entry_point() {
-    let (Ok(url), Ok(name)) = (
-        std::env::var("LEASEHOLD_CHILD_URL"),
-        std::env::var("LEASEHOLD_CHILD_LOCK"),
-    ) else {
-        return;
-    };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let client = client_with_lease(&url, LEASE).await;
-        let guard = client.lock(&name).unwrap().lock().await.unwrap();
-        println!("LOCKED token={}", guard.fencing_token());
-        std::future::pending::<()>().await;
-    });
+    common::run_child_holder_if_asked();
 }
 
 /// A SIGKILLed holder stops renewing: its key expires within one lease. No immortal locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holders_lock_expires_within_the_lease() {
     let redis = server();
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            "child_holder_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LEASEHOLD_CHILD_URL", redis.url())
-        .env("LEASEHOLD_CHILD_LOCK", "mortal");
-    let child = ChildProcess::spawn(command).unwrap();
-    child
-        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
-        .unwrap();
+    let child = common::spawn_holder(&redis, "mortal", LEASE);
     // Let the watchdog renew at least once, so the test shows renewal stops with the process.
     tokio::time::sleep(LEASE / 2).await;
     child.kill().unwrap();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use leasehold::LockClient;
-use leasehold_testkit::{RedisServer, RespValue};
+use leasehold_testkit::{ChildProcess, RedisServer, RespValue};
 
 /// A fresh redis-server on a free port; fails loudly when redis-server is missing.
 pub fn server() -> RedisServer {
@@ -77,4 +77,46 @@ pub fn keys(server: &RedisServer, pattern: &str) -> Vec<String> {
     }
     out.sort();
     out
+}
+
+/// The body of each test binary's `child_holder_entry_point` test: when the parent test set
+/// the variables, take the lock (watched, with the given lease), print `LOCKED token=...` and
+/// wait to be killed; otherwise (a plain test run) return at once.
+pub fn run_child_holder_if_asked() {
+    let (Ok(url), Ok(name), Ok(lease_ms)) = (
+        std::env::var("LEASEHOLD_CHILD_URL"),
+        std::env::var("LEASEHOLD_CHILD_LOCK"),
+        std::env::var("LEASEHOLD_CHILD_LEASE_MS"),
+    ) else {
+        return;
+    };
+    let lease = Duration::from_millis(lease_ms.parse().expect("lease in ms"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = client_with_lease(&url, lease).await;
+        let guard = client.lock(&name).unwrap().lock().await.unwrap();
+        println!("LOCKED token={}", guard.fencing_token());
+        std::future::pending::<()>().await;
+    });
+}
+
+/// Runs this test binary's `child_holder_entry_point` as a separate process that holds `name`
+/// with a watched `lease`, and returns once it holds the lock.
+pub fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "child_holder_entry_point",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LEASEHOLD_CHILD_URL", redis.url())
+        .env("LEASEHOLD_CHILD_LOCK", name)
+        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string());
+    let child = ChildProcess::spawn(command).unwrap();
+    child
+        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
+        .unwrap();
+    child
 }

@@ -101,27 +101,16 @@ async fn baseline(
     tasks: usize,
     slice: Duration,
 ) -> anyhow::Result<u64> {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let redis = client.redis().clone();
-        let sha = script.sha1().to_string();
-        let (count, stop) = (count.clone(), stop.clone());
-        handles.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let _: i64 = redis.evalsha(sha.as_str(), (), ()).await?;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            anyhow::Ok(())
-        }));
-    }
-    tokio::time::sleep(slice).await;
-    stop.store(true, Ordering::Relaxed);
-    for handle in handles {
-        handle.await??;
-    }
-    Ok(count.load(Ordering::Relaxed))
+    let redis = client.redis().clone();
+    let sha = script.sha1().to_string();
+    run_for(tasks, slice, move |_task, _i| {
+        let (redis, sha) = (redis.clone(), sha.clone());
+        async move {
+            let _: i64 = redis.evalsha(sha.as_str(), (), ()).await?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 async fn lock_unlock(
@@ -130,18 +119,35 @@ async fn lock_unlock(
     slice: Duration,
     round: u32,
 ) -> anyhow::Result<u64> {
+    let client = client.clone();
+    run_for(tasks, slice, move |task, i| {
+        let client = client.clone();
+        async move {
+            let lock = client.lock(&format!("u:{round}:{task}:{i}"))?;
+            let guard = lock.try_lock().await?.expect("fresh name is free");
+            guard.unlock().await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Spawns `tasks` tasks, each calling `op(task, i)` for i = 0, 1, ... until `slice` is over;
+/// returns how many calls completed.
+async fn run_for<F, Fut>(tasks: usize, slice: Duration, op: F) -> anyhow::Result<u64>
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for task in 0..tasks {
-        let client = client.clone();
-        let (count, stop) = (count.clone(), stop.clone());
+        let (count, stop, op) = (count.clone(), stop.clone(), op.clone());
         handles.push(tokio::spawn(async move {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let lock = client.lock(&format!("u:{round}:{task}:{i}"))?;
-                let guard = lock.try_lock().await?.expect("fresh name is free");
-                guard.unlock().await?;
+                op(task, i).await?;
                 count.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }
