@@ -23,17 +23,35 @@ setup:
 demo: setup
     cargo run --quiet --release -p leasehold-cli -- demo
 
-# Everything CI checks: formatting, clippy with -D warnings, every test in the workspace.
+# Everything CI checks: formatting, clippy with -D warnings, every test in the workspace, and
+# every example run to completion.
 test: setup
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     cargo test --workspace --all-targets
     cargo test --workspace --doc
+    just examples
+
+# Run every example in examples/ (each starts its own redis-server unless REDIS_URL is set).
+examples:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    for example in examples/*.rs; do
+        name=$(basename "$example" .rs)
+        echo "== cargo run --example $name"
+        cargo run --quiet --example "$name"
+    done
 
 # Formatting and clippy only.
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+
+# The chaos checker (~2 min): client processes, injected faults, a recorded history and a
+# checker; exit 1 on any violation. Pass e.g. `--seed 42` to replay a schedule, `--keep` to keep
+# the history. `just test` runs a 20-second version (crates/chaos/tests/chaos.rs).
+chaos *ARGS: setup
+    cargo run --quiet --release -p leasehold-chaos -- run --duration 120s {{ARGS}}
 
 # The benchmark harness (pass --quick for the short run, --json PATH, --plot DIR).
 bench *ARGS: setup
