@@ -28,9 +28,9 @@ demo: setup
 test: setup
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    just examples
     cargo test --workspace --all-targets
     cargo test --workspace --doc
-    just examples
 
 # Run every example in examples/ (each starts its own redis-server unless REDIS_URL is set).
 examples:
