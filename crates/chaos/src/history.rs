@@ -1,0 +1,340 @@
+//! The recorded history: what each client did (one JSON-lines file per client process) and
+//! what the orchestrator injected (`faults.jsonl`).
+//!
+//! Every timestamp is [`clock::now_us`](crate::clock::now_us), taken *before* the observation it
+//! dates where that matters (see [`Event::Check`]), so a pause between the two can only make the
+//! history claim less than what happened, never more.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// How a client tried to acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// `lock()`: unbounded wait, watched lease.
+    Lock,
+    /// `try_lock()`: one try, watched lease.
+    TryLock,
+    /// `try_lock_for(wait)`: bounded wait, watched lease.
+    TryLockFor,
+    /// `try_lock_with_lease(lease)`: one try, explicit lease.
+    TryLockWithLease,
+    /// `try_lock_for_with_lease(wait, lease)`: bounded wait, explicit lease.
+    TryLockForWithLease,
+    /// `lock_with_lease(lease)`: unbounded wait, explicit lease.
+    LockWithLease,
+    /// `schedule::run_once(lock, options, job)`: one try, explicit lease, maybe `unlock_after`.
+    RunOnce,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] = [
+        Kind::Lock,
+        Kind::TryLock,
+        Kind::TryLockFor,
+        Kind::TryLockWithLease,
+        Kind::TryLockForWithLease,
+        Kind::LockWithLease,
+        Kind::RunOnce,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Lock => "lock()",
+            Kind::TryLock => "try_lock()",
+            Kind::TryLockFor => "try_lock_for()",
+            Kind::TryLockWithLease => "try_lock_with_lease()",
+            Kind::TryLockForWithLease => "try_lock_for_with_lease()",
+            Kind::LockWithLease => "lock_with_lease()",
+            Kind::RunOnce => "run_once()",
+        }
+    }
+
+    /// Whether the call may wait for the lock (and so must make progress once faults heal).
+    pub fn waits(self) -> bool {
+        matches!(
+            self,
+            Kind::Lock | Kind::TryLockFor | Kind::TryLockForWithLease | Kind::LockWithLease
+        )
+    }
+}
+
+/// How a hold ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseHow {
+    /// `guard.unlock().await`: the outcome is known.
+    Unlock,
+    /// `drop(guard)`: released in the background.
+    Drop,
+    /// `run_once` released (or `unlock_after`) by itself.
+    RunOnce,
+}
+
+/// One line of a client's history. `op` numbers are per client process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum Event {
+    /// The process connected and is about to start its tasks. `client_id` is the uuid that
+    /// starts every owner id of this process.
+    Start {
+        t: i64,
+        pid: u32,
+        tasks: u32,
+        client_id: String,
+    },
+    /// An acquire call starts (taken before the call: the script went out no earlier).
+    /// `lease_ms`: the explicit lease (`hold_at_most` for run_once); `None` for watched holds.
+    Begin {
+        t: i64,
+        op: u64,
+        task: u32,
+        kind: Kind,
+        res: u32,
+        lease_ms: Option<u64>,
+    },
+    /// The acquire returned a hold (taken after the call returned). `token` is `None` for
+    /// `run_once`, which exposes no guard; `hold_count` > 1 is a re-entry of a hold this owner
+    /// already had (same grant, same token); 0 is unknown.
+    Granted {
+        t: i64,
+        op: u64,
+        owner: String,
+        token: Option<u64>,
+        hold_count: u64,
+    },
+    /// The acquire returned without a hold (busy, wait timed out, run_once skipped).
+    NotGranted { t: i64, op: u64 },
+    /// The acquire returned an error.
+    Failed { t: i64, op: u64, error: String },
+    /// `held` is `guard.is_held()`, read right after `t` was taken. `is_held()` only ever goes
+    /// from true to false, so `held == true` means the holder believed its lease valid during
+    /// the whole of [grant, t]. `derived`: no guard to ask (run_once): `held` is then
+    /// `t < begin + hold_at_most - drift`, a lower bound of the library's own deadline.
+    Check {
+        t: i64,
+        op: u64,
+        held: bool,
+        derived: bool,
+    },
+    /// A fenced write; `t` is read inside the store's write transaction (its serialization
+    /// point), `accepted` whether the store took it.
+    Write {
+        t: i64,
+        op: u64,
+        token: u64,
+        accepted: bool,
+    },
+    /// The hold was released (`outcome`: "ok", "not_held" or the error).
+    Released {
+        t: i64,
+        op: u64,
+        how: ReleaseHow,
+        outcome: String,
+    },
+    /// The op was still running at the drain deadline: a waiter that never progressed.
+    Abandoned { t: i64, op: u64 },
+    /// Every task stopped; what the client still had registered locally afterwards.
+    Drained {
+        t: i64,
+        waiters: usize,
+        channels: usize,
+        holds: usize,
+    },
+}
+
+impl Event {
+    pub fn op(&self) -> Option<u64> {
+        match self {
+            Event::Begin { op, .. }
+            | Event::Granted { op, .. }
+            | Event::NotGranted { op, .. }
+            | Event::Failed { op, .. }
+            | Event::Check { op, .. }
+            | Event::Write { op, .. }
+            | Event::Released { op, .. }
+            | Event::Abandoned { op, .. } => Some(*op),
+            Event::Start { .. } | Event::Drained { .. } => None,
+        }
+    }
+}
+
+/// An append-only JSON-lines file. Each event is one `write` on an `O_APPEND` file, unbuffered,
+/// so a SIGKILL loses at most the line being written (the reader skips a torn last line).
+#[derive(Debug)]
+pub struct EventLog {
+    file: Mutex<File>,
+}
+
+impl EventLog {
+    pub fn create(path: &Path) -> anyhow::Result<EventLog> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        Ok(EventLog {
+            file: Mutex::new(file),
+        })
+    }
+
+    pub fn record(&self, event: &Event) {
+        let mut line = serde_json::to_string(event).expect("events serialize");
+        line.push('\n');
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        file.write_all(line.as_bytes())
+            .expect("writing the event log (disk full?)");
+    }
+}
+
+/// The client id a client process recorded in its `Start` event.
+pub fn read_client_id(path: &Path) -> anyhow::Result<String> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    for line in BufReader::new(file).lines() {
+        if let Ok(Event::Start { client_id, .. }) = serde_json::from_str(&line?) {
+            return Ok(client_id);
+        }
+    }
+    anyhow::bail!("no start event in {}", path.display())
+}
+
+/// The file of client `client`, generation `gen` (a respawn after SIGKILL is a new generation).
+pub fn client_log_path(dir: &Path, client: u32, gen: u32) -> PathBuf {
+    dir.join(format!("events-c{client}-g{gen}.jsonl"))
+}
+
+/// One client process's history.
+#[derive(Debug, Clone)]
+pub struct ClientHistory {
+    pub client: u32,
+    pub gen: u32,
+    pub events: Vec<Event>,
+    /// Lines that did not parse (a line torn by SIGKILL).
+    pub torn_lines: usize,
+}
+
+/// Reads every `events-c*-g*.jsonl` in `dir`.
+pub fn read_client_histories(dir: &Path) -> anyhow::Result<Vec<ClientHistory>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some((client, gen)) = name
+            .strip_prefix("events-c")
+            .and_then(|r| r.strip_suffix(".jsonl"))
+            .and_then(|r| r.split_once("-g"))
+        else {
+            continue;
+        };
+        let (client, gen) = (client.parse()?, gen.parse()?);
+        let mut events = Vec::new();
+        let mut torn_lines = 0;
+        for line in BufReader::new(File::open(&path)?).lines() {
+            let line = line?;
+            match serde_json::from_str(&line) {
+                Ok(event) => events.push(event),
+                Err(_) => torn_lines += 1,
+            }
+        }
+        out.push(ClientHistory {
+            client,
+            gen,
+            events,
+            torn_lines,
+        });
+    }
+    out.sort_by_key(|h| (h.client, h.gen));
+    Ok(out)
+}
+
+/// What the orchestrator injected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Added latency on one client's proxy, both directions.
+    ProxyLatency,
+    /// One client's proxy drops all traffic; its connections are reset before healing (a TCP
+    /// connection that lost bytes is out of sync, as after a real partition ended by a reset).
+    ProxyPartition,
+    /// Every connection of one client (or of all clients) reset.
+    ProxyCloseAll,
+    /// SIGSTOP a client process past its lease, then SIGCONT (a GC-like pause).
+    ClientPause,
+    /// SIGKILL a client process; a new generation is spawned in its place.
+    ClientKill,
+    /// Redis SIGKILLed and restarted on the same port: all data lost.
+    RedisRestart,
+    /// Redis SIGSTOPped, then SIGCONTed.
+    RedisPause,
+    /// `CLIENT KILL TYPE pubsub`: every subscriber connection.
+    KillPubsubConnections,
+    /// `CLIENT KILL TYPE normal`: every command connection.
+    KillCommandConnections,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::ProxyLatency,
+        FaultKind::ProxyPartition,
+        FaultKind::ProxyCloseAll,
+        FaultKind::ClientPause,
+        FaultKind::ClientKill,
+        FaultKind::RedisRestart,
+        FaultKind::RedisPause,
+        FaultKind::KillPubsubConnections,
+        FaultKind::KillCommandConnections,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::ProxyLatency => "proxy latency",
+            FaultKind::ProxyPartition => "proxy partition + reset",
+            FaultKind::ProxyCloseAll => "proxy close all connections",
+            FaultKind::ClientPause => "client SIGSTOP past its lease",
+            FaultKind::ClientKill => "client SIGKILL + respawn",
+            FaultKind::RedisRestart => "Redis restart (data lost)",
+            FaultKind::RedisPause => "Redis SIGSTOP",
+            FaultKind::KillPubsubConnections => "CLIENT KILL TYPE pubsub",
+            FaultKind::KillCommandConnections => "CLIENT KILL TYPE normal",
+        }
+    }
+}
+
+/// One injected fault: active from `start` until `end` (healed).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fault {
+    pub kind: FaultKind,
+    /// The client it hit (proxy faults, pauses, kills), if one.
+    pub client: Option<u32>,
+    /// That client's generation at the time.
+    pub gen: Option<u32>,
+    pub start: i64,
+    pub end: i64,
+    pub detail: String,
+}
+
+pub fn write_faults(path: &Path, faults: &[Fault]) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for fault in faults {
+        text.push_str(&serde_json::to_string(fault)?);
+        text.push('\n');
+    }
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
+pub fn read_faults(path: &Path) -> anyhow::Result<Vec<Fault>> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| Ok(serde_json::from_str(l)?))
+        .collect()
+}

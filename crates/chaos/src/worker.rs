@@ -1,0 +1,430 @@
+//! `leasehold-chaos client`: one client process. Its tasks loop: acquire (a random lock kind),
+//! check the lease, write to the fenced store, hold briefly, release, recording every step.
+//!
+//! SIGTERM: finish the current operation and stop (a waiter still waiting after
+//! [`DRAIN_DEADLINE`] is recorded as abandoned), then print `DRAINED`. SIGUSR1: exit.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
+use leasehold::{LockClient, LockError, LockGuard};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+use tokio::time::{sleep, Instant};
+
+use crate::clock::now_us;
+use crate::history::{client_log_path, Event, EventLog, Kind, ReleaseHow};
+use crate::rng::Rng;
+use crate::store::Store;
+
+/// How long a stopping client lets its operations finish before recording them abandoned.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+/// The longest explicit lease a client asks for (`*_with_lease`, `run_once`).
+pub const MAX_EXPLICIT_LEASE: Duration = Duration::from_millis(1500);
+
+/// Everything a client process is told on its command line.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub url: String,
+    pub prefix: String,
+    pub client: u32,
+    pub gen: u32,
+    pub dir: PathBuf,
+    pub seed: u64,
+    pub tasks: u32,
+    pub resources: u32,
+    /// The watchdog lease of watched holds.
+    pub lease: Duration,
+    pub command_timeout: Duration,
+    /// Record every lease check as held (the checker's self-test; see `RunConfig`).
+    pub ignore_lease: bool,
+}
+
+pub fn resource_name(res: u32) -> String {
+    format!("res-{res}")
+}
+
+/// Runs a client process to completion.
+pub fn main(config: WorkerConfig) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run(config))
+}
+
+struct Ctx {
+    config: WorkerConfig,
+    client: LockClient,
+    log: EventLog,
+    next_op: AtomicU64,
+    in_flight: Mutex<HashSet<u64>>,
+    store_path: PathBuf,
+}
+
+impl Ctx {
+    fn record(&self, event: Event) {
+        self.log.record(&event);
+    }
+
+    /// `t` is read before `is_held()`: a pause in between can only make the record say less.
+    fn check(&self, op: u64, guard: &LockGuard) -> bool {
+        let t = now_us();
+        let held = guard.is_held() || self.config.ignore_lease;
+        self.record(Event::Check {
+            t,
+            op,
+            held,
+            derived: false,
+        });
+        held
+    }
+}
+
+async fn run(config: WorkerConfig) -> anyhow::Result<()> {
+    // Handlers first: the orchestrator signals only after READY.
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut exit = signal(SignalKind::user_defined1())?;
+    let log = EventLog::create(&client_log_path(&config.dir, config.client, config.gen))?;
+    crate::trace::log_to(
+        &config
+            .dir
+            .join(format!("trace-c{}-g{}.log", config.client, config.gen)),
+    )?;
+    let client = connect(&config).await?;
+    let owner = client.new_owner();
+    let client_id = owner.id().split(':').next().unwrap_or_default().to_string();
+    log.record(&Event::Start {
+        t: now_us(),
+        pid: std::process::id(),
+        tasks: config.tasks,
+        client_id,
+    });
+    let ctx = Arc::new(Ctx {
+        store_path: config.dir.join("store.db"),
+        config,
+        client,
+        log,
+        next_op: AtomicU64::new(1),
+        in_flight: Mutex::new(HashSet::new()),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let root = Rng::new(ctx.config.seed)
+        .fork(u64::from(ctx.config.client) << 32 | u64::from(ctx.config.gen));
+    let mut tasks = Vec::new();
+    for task in 0..ctx.config.tasks {
+        let store = Store::open(&ctx.store_path)?;
+        tasks.push(tokio::spawn(task_loop(
+            ctx.clone(),
+            task,
+            root.fork(u64::from(task)),
+            store,
+            stop_rx.clone(),
+        )));
+    }
+    println!("READY");
+
+    terminate.recv().await;
+    let _ = stop_tx.send(true);
+    let drain_deadline = Instant::now() + DRAIN_DEADLINE;
+    for task in &mut tasks {
+        match tokio::time::timeout_at(drain_deadline, &mut *task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => return Err(error.context("client task failed")),
+            Ok(Err(join)) => anyhow::bail!("client task panicked: {join}"),
+            Err(_) => break,
+        }
+    }
+    let abandoned: Vec<u64> = ctx.in_flight.lock().unwrap().iter().copied().collect();
+    for op in abandoned {
+        ctx.record(Event::Abandoned { t: now_us(), op });
+    }
+    for task in &tasks {
+        task.abort();
+    }
+    // Guards dropped by aborted tasks release in the background; unsubscribes are spawned
+    // too. Wait (bounded) until nothing is registered locally any more.
+    let settle = Instant::now() + Duration::from_secs(10);
+    let counts = || {
+        (
+            ctx.client.waiters(),
+            ctx.client.subscribed_channels(),
+            ctx.client.watchdog_stats().holds,
+        )
+    };
+    while counts() != (0, 0, 0) && Instant::now() < settle {
+        sleep(Duration::from_millis(10)).await;
+    }
+    let (waiters, channels, holds) = counts();
+    ctx.record(Event::Drained {
+        t: now_us(),
+        waiters,
+        channels,
+        holds,
+    });
+    println!("DRAINED waiters={waiters} channels={channels} holds={holds}");
+    let _ = tokio::time::timeout(Duration::from_secs(300), exit.recv()).await;
+    Ok(())
+}
+
+/// Connects, retrying while a fault keeps Redis unreachable (fred fails fast at connect).
+async fn connect(config: &WorkerConfig) -> anyhow::Result<LockClient> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let built = LockClient::builder(&config.url)
+            .prefix(config.prefix.clone())
+            .lease(config.lease)
+            .command_timeout(config.command_timeout)
+            .build()
+            .await;
+        match built {
+            Ok(client) => return Ok(client),
+            Err(error) if Instant::now() < deadline => {
+                eprintln!(
+                    "client {}: connect failed, retrying: {error}",
+                    config.client
+                );
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(error).context("connecting to Redis"),
+        }
+    }
+}
+
+/// One client task: an owner of its own (the default per-task owner).
+async fn task_loop(
+    ctx: Arc<Ctx>,
+    task: u32,
+    mut rng: Rng,
+    store: Store,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let mut store = Some(store);
+    while !*stop.borrow() {
+        let op = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+        ctx.in_flight.lock().unwrap().insert(op);
+        one_op(&ctx, task, op, &mut rng, &mut store).await?;
+        ctx.in_flight.lock().unwrap().remove(&op);
+        sleep(Duration::from_millis(rng.range(0, 30))).await;
+    }
+    Ok(())
+}
+
+const KIND_WEIGHTS: [u64; 7] = [3, 2, 3, 2, 2, 2, 2];
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The error's variant, for grouping in the report, then its message.
+fn describe(error: &LockError) -> String {
+    let kind = match error {
+        LockError::NotHeld { .. } => "not_held",
+        LockError::Timeout(_) => "timeout",
+        LockError::Connection(_) => "connection",
+        LockError::PermissionDenied(_) => "permission_denied",
+        LockError::WrongType { .. } => "wrong_type",
+        LockError::Redis(_) => "redis",
+        LockError::InvalidArgument(_) => "invalid_argument",
+        LockError::LeaseLost { .. } => "lease_lost",
+        _ => "other",
+    };
+    format!("{kind}: {error}")
+}
+
+async fn one_op(
+    ctx: &Arc<Ctx>,
+    task: u32,
+    op: u64,
+    rng: &mut Rng,
+    store: &mut Option<Store>,
+) -> anyhow::Result<()> {
+    let kind = Kind::ALL[rng.weighted(&KIND_WEIGHTS)];
+    let res = rng.below(u64::from(ctx.config.resources)) as u32;
+    let lock = ctx.client.lock(&resource_name(res))?;
+    let wait = ms(rng.range(50, 1500));
+    let lease = ms(rng.range(200, MAX_EXPLICIT_LEASE.as_millis() as u64));
+    let explicit = matches!(
+        kind,
+        Kind::TryLockWithLease | Kind::TryLockForWithLease | Kind::LockWithLease | Kind::RunOnce
+    );
+    let begin = now_us();
+    ctx.record(Event::Begin {
+        t: begin,
+        op,
+        task,
+        kind,
+        res,
+        lease_ms: explicit.then_some(lease.as_millis() as u64),
+    });
+    if kind == Kind::RunOnce {
+        return run_once_op(ctx, op, rng, &lock, begin, lease).await;
+    }
+    let result = match kind {
+        Kind::Lock => lock.lock().await.map(Some),
+        Kind::TryLock => lock.try_lock().await,
+        Kind::TryLockFor => lock.try_lock_for(wait).await,
+        Kind::TryLockWithLease => lock.try_lock_with_lease(lease).await,
+        Kind::TryLockForWithLease => lock.try_lock_for_with_lease(wait, lease).await,
+        Kind::LockWithLease => lock.lock_with_lease(lease).await.map(Some),
+        Kind::RunOnce => unreachable!("handled above"),
+    };
+    let t = now_us();
+    match result {
+        Ok(Some(guard)) => {
+            ctx.record(Event::Granted {
+                t,
+                op,
+                owner: guard.owner().to_string(),
+                token: Some(guard.fencing_token().get()),
+                hold_count: guard.hold_count(),
+            });
+            hold(ctx, op, res, rng, store, guard).await?;
+        }
+        Ok(None) => ctx.record(Event::NotGranted { t, op }),
+        Err(error) => {
+            ctx.record(Event::Failed {
+                t,
+                op,
+                error: describe(&error),
+            });
+            // Errors come fast while Redis is unreachable; do not spin.
+            sleep(ms(rng.range(20, 100))).await;
+        }
+    }
+    Ok(())
+}
+
+async fn hold(
+    ctx: &Arc<Ctx>,
+    op: u64,
+    res: u32,
+    rng: &mut Rng,
+    store: &mut Option<Store>,
+    guard: LockGuard,
+) -> anyhow::Result<()> {
+    let token = guard.fencing_token().get();
+    ctx.check(op, &guard);
+    sleep(ms(rng.range(5, 60))).await;
+    if ctx.check(op, &guard) {
+        // Preparing the write: a pause that lands here makes a late write, which the store
+        // must refuse once a newer holder wrote.
+        sleep(ms(rng.range(20, 150))).await;
+        let mut conn = store.take().expect("store is put back after each write");
+        let (client, gen) = (ctx.config.client, ctx.config.gen);
+        let (conn, written) = tokio::task::spawn_blocking(move || {
+            let written = conn.write(res, token, client, gen, op);
+            (conn, written)
+        })
+        .await?;
+        *store = Some(conn);
+        let (accepted, t) = written?;
+        ctx.record(Event::Write {
+            t,
+            op,
+            token,
+            accepted,
+        });
+        ctx.check(op, &guard);
+    }
+    // Now and then hold across several renewals (or past an explicit lease).
+    let rest = if rng.chance(8) {
+        rng.range(1200, 2500)
+    } else {
+        rng.range(5, 120)
+    };
+    sleep(ms(rest)).await;
+    ctx.check(op, &guard);
+    if rng.chance(80) {
+        let outcome = match guard.unlock().await {
+            Ok(()) => "ok".to_string(),
+            Err(error) => describe(&error),
+        };
+        ctx.record(Event::Released {
+            t: now_us(),
+            op,
+            how: ReleaseHow::Unlock,
+            outcome,
+        });
+    } else {
+        drop(guard);
+        ctx.record(Event::Released {
+            t: now_us(),
+            op,
+            how: ReleaseHow::Drop,
+            outcome: "background".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `run_once` hands its job no guard, so the job's belief is derived: it may count on the lock
+/// until `begin + hold_at_most - drift` (the acquire went out after `begin`, and the library's
+/// own deadline is send time + lease - drift).
+async fn run_once_op(
+    ctx: &Arc<Ctx>,
+    op: u64,
+    rng: &mut Rng,
+    lock: &leasehold::Lock,
+    begin: i64,
+    hold_at_most: Duration,
+) -> anyhow::Result<()> {
+    let hold_at_least = if rng.chance(50) {
+        Duration::ZERO
+    } else {
+        ms(rng.range(20, hold_at_most.as_millis() as u64 / 2))
+    };
+    let valid_until =
+        begin + (hold_at_most - leasehold_watchdog::drift_for(hold_at_most)).as_micros() as i64;
+    let job_time = ms(rng.range(10, 300));
+    let owner = lock.owner().to_string();
+    let job_ctx = ctx.clone();
+    let job = async move {
+        let t = now_us();
+        job_ctx.record(Event::Granted {
+            t,
+            op,
+            owner,
+            token: None,
+            hold_count: 0,
+        });
+        job_ctx.record(Event::Check {
+            t,
+            op,
+            held: t < valid_until,
+            derived: true,
+        });
+        sleep(job_time).await;
+        let t = now_us();
+        job_ctx.record(Event::Check {
+            t,
+            op,
+            held: t < valid_until,
+            derived: true,
+        });
+    };
+    let options = RunOnceOptions::at_most(hold_at_most).at_least(hold_at_least);
+    match run_once(lock, options, job).await {
+        Ok(RunOnce::Ran(())) => ctx.record(Event::Released {
+            t: now_us(),
+            op,
+            how: ReleaseHow::RunOnce,
+            outcome: "ok".into(),
+        }),
+        Ok(RunOnce::Skipped) => ctx.record(Event::NotGranted { t: now_us(), op }),
+        Err(error) => {
+            ctx.record(Event::Failed {
+                t: now_us(),
+                op,
+                error: describe(&error),
+            });
+            sleep(ms(rng.range(20, 100))).await;
+        }
+    }
+    Ok(())
+}
