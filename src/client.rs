@@ -206,9 +206,16 @@ async fn connect<C: ClientLike>(client: &C, timeout: Duration) -> Result<()> {
         .map(|s| s.to_string())
         .unwrap_or_default();
     let failed = |detail: String| {
+        // The hint fits a refused or silent server, not a TLS handshake that failed.
+        let tls = detail.contains("ertificate") || detail.to_lowercase().contains("tls");
+        let hint = if tls {
+            " (check the CA and the server certificate)"
+        } else {
+            " (is redis-server running? check the URL or REDIS_URL)"
+        };
         LockError::Connection(fred::error::Error::new(
             fred::error::ErrorKind::IO,
-            format!("cannot connect to Redis at {server}: {detail} (is redis-server running? check the URL or REDIS_URL)"),
+            format!("cannot connect to Redis at {server}: {detail}{hint}"),
         ))
     };
     match tokio::time::timeout(timeout, client.init()).await {
@@ -317,7 +324,6 @@ impl LockClient {
 }
 
 /// Builds a [`LockClient`]; every setting has a default that works.
-#[derive(Debug)]
 #[must_use = "a builder does nothing until .build().await"]
 pub struct LockClientBuilder {
     config: Result<Config>,
@@ -326,6 +332,23 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     reconnect: ReconnectPolicy,
     renew_batch: usize,
+}
+
+/// Shows the server, never the credentials in the fred `Config`.
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let server = match &self.config {
+            Ok(config) => format!("{:?}", config.server.hosts()),
+            Err(error) => format!("invalid: {error}"),
+        };
+        f.debug_struct("LockClientBuilder")
+            .field("server", &server)
+            .field("prefix", &self.prefix)
+            .field("lease", &self.lease)
+            .field("command_timeout", &self.command_timeout)
+            .field("renew_batch", &self.renew_batch)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LockClientBuilder {

@@ -419,7 +419,6 @@ async fn every_path_on_a_key_of_another_type_is_a_typed_error() {
 /// refused with `WrongType`, and — the bug this test is about — it must not leave a hold
 /// behind that nobody knows of.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "library bug: acquire.lua grants (HSET, PEXPIRE) before the queue ZREM fails; see the chaos report"]
 async fn a_foreign_queue_key_leaves_no_hidden_hold() {
     let redis = server();
     let holder = common::client(&redis.url()).await;

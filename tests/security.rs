@@ -569,7 +569,6 @@ async fn passwords_never_show_in_debug_errors_or_logs() {
 /// The builder's Debug output must not show the password either: `LockClientBuilder` derives
 /// `Debug` over fred's `Config`, whose derived `Debug` prints `password: Some("...")`.
 #[test]
-#[ignore = "library bug: LockClientBuilder's derived Debug prints the password; see the chaos report"]
 fn the_builder_debug_output_hides_the_password() {
     let builder = LockClient::builder("redis://app:Bldr-pw-0c1d@127.0.0.1:6390");
     let shown = format!("{builder:?}");

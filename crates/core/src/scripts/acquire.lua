@@ -70,9 +70,10 @@ if pttl == -2 then
     redis.call('SET', KEYS[2], now_us)
     fence = tonumber(now_us)
   end
+  -- Queue first: a foreign-typed queue key fails the script here, before any hold exists.
+  turn_taken()
   redis.call('HSET', KEYS[1], ARGV[1], 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  turn_taken()
   return {1, 1, fence}
 end
 local held = redis.pcall('HEXISTS', KEYS[1], ARGV[1])

@@ -30,7 +30,9 @@ end
 if tonumber(count) > 1 then
   return {1, redis.call('HINCRBY', KEYS[1], ARGV[1], -1)}
 end
-local head = redis.call('ZPOPMIN', KEYS[2])[1]
+-- pcall: a foreign key where the queue belongs must not stop a release; it is then ignored.
+local popped = redis.pcall('ZPOPMIN', KEYS[2])
+local head = type(popped) == 'table' and not popped.err and popped[1] or nil
 redis.call(ARGV[3], ARGV[2], head or '*')
 redis.call('DEL', KEYS[1])
 if head then
