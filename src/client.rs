@@ -10,7 +10,7 @@ use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ConnectionConfig, PerformanceConfig, ReconnectPolicy};
 use fred::types::Builder;
 use futures::future::{BoxFuture, FutureExt, Shared};
-use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, Result};
+use leasehold_core::{commands, ClientId, LockError, LockKeys, Owner, Prefix, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogConfig, WatchdogStats};
 use parking_lot::Mutex;
@@ -58,6 +58,9 @@ impl fmt::Debug for LockClient {
 /// One owner's holds on one lock (cloning it copies no strings).
 type HoldKey = (LockKeys, Owner);
 
+/// A repair in flight, awaitable by several acquires.
+type Repair = Shared<BoxFuture<'static, ()>>;
+
 pub(crate) struct ClientInner {
     pub(crate) redis: Client,
     pub(crate) id: ClientId,
@@ -71,9 +74,11 @@ pub(crate) struct ClientInner {
     /// The hold count an unanswered acquire would produce is their sum plus one, which is what
     /// the rollback of such an acquire checks for.
     local_holds: Mutex<HashMap<HoldKey, u64>>,
-    /// Rollbacks in flight per (lock hash, owner). The owner's next acquire waits for them: a
-    /// rollback that arrived after a fresh grant would take that grant away.
-    rollbacks: Mutex<HashMap<HoldKey, Shared<BoxFuture<'static, ()>>>>,
+    /// Repairs of unanswered acquires and releases in flight per (lock, owner), tagged with a
+    /// generation. The owner's next acquire waits for them: a repair that arrived after a fresh
+    /// grant would take that grant away.
+    repairs: Mutex<HashMap<HoldKey, (u64, Repair)>>,
+    repair_generation: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for ClientInner {
@@ -136,44 +141,90 @@ impl ClientInner {
         self.notifier.get()
     }
 
-    /// Runs `rollback` in the background; the same owner's next acquire on this lock waits
-    /// for it first.
-    pub(crate) fn spawn_rollback(
+    /// Settles, in the background, a state change of `owner` on this lock whose reply never
+    /// came (an acquire, or a release), with the rollback script: "if the owner's hold count
+    /// is `expected`, take one hold back". For an unanswered acquire `expected` is the count it
+    /// would have produced; for an unanswered release, the count before it. Either way the
+    /// script is a compare-and-set, so it is resent until Redis gives a definite answer (a
+    /// lost reply here would leave an orphaned hold that the owner would later re-enter), or
+    /// until `give_up_after`, when the hold has ended with its lease anyway.
+    ///
+    /// The same owner's next acquire on this lock waits for it ([`Self::settled`]), so a late
+    /// repair can never take back a fresh grant.
+    pub(crate) fn spawn_repair(
         self: &Arc<Self>,
         keys: &LockKeys,
         owner: &Owner,
-        rollback: BoxFuture<'static, ()>,
+        expected: u64,
+        give_up_after: Duration,
     ) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return; // no runtime to run it on: the lease ends the hold
+        }
         let key = (keys.clone(), owner.clone());
         let this = self.clone();
+        let (keys, owner) = key.clone();
+        let mut repairs = self.repairs.lock();
+        // Repairs of one owner on one lock run in order: each waits for the one before.
+        let previous = repairs.get(&key).map(|(_, pending)| pending.clone());
+        let generation = self
+            .repair_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let done_key = key.clone();
-        let shared = async move {
-            rollback.await;
-            this.rollbacks.lock().remove(&done_key);
+        let repair = async move {
+            if let Some(previous) = previous {
+                previous.await;
+            }
+            let deadline = tokio::time::Instant::now() + give_up_after;
+            let mut delay = Duration::from_millis(10);
+            loop {
+                this.ready().await;
+                match commands::rollback(&this.redis, &keys, &owner, expected).await {
+                    Ok(undone) => {
+                        tracing::debug!(lock = %keys.name(), undone, "unanswered command settled");
+                        break;
+                    }
+                    Err(error) => {
+                        let error = this.map_err(error);
+                        if !error.is_transient() || tokio::time::Instant::now() + delay >= deadline {
+                            tracing::warn!(lock = %keys.name(), %error, "could not settle an unanswered command; the lease will end the hold");
+                            break;
+                        }
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                    }
+                }
+            }
+            let mut repairs = this.repairs.lock();
+            if repairs.get(&done_key).is_some_and(|(g, _)| *g == generation) {
+                repairs.remove(&done_key);
+            }
         }
         .boxed()
         .shared();
-        self.rollbacks.lock().insert(key, shared.clone());
-        tokio::spawn(shared);
+        repairs.insert(key, (generation, repair.clone()));
+        drop(repairs);
+        tokio::spawn(repair);
     }
 
-    /// Waits for a rollback of `owner`'s unanswered acquire on this lock, if one is in flight.
-    pub(crate) async fn rollback_settled(&self, keys: &LockKeys, owner: &Owner) {
-        let key = (keys.clone(), owner.clone());
+    /// Waits up to `within` for pending repairs of `owner` on this lock; false if one is still
+    /// running (Redis is not answering: the caller should not send a new acquire yet).
+    pub(crate) async fn settled(&self, keys: &LockKeys, owner: &Owner, within: Duration) -> bool {
         let pending = {
-            let rollbacks = self.rollbacks.lock();
-            if rollbacks.is_empty() {
-                return;
+            let repairs = self.repairs.lock();
+            if repairs.is_empty() {
+                return true;
             }
-            rollbacks.get(&key).cloned()
+            repairs
+                .get(&(keys.clone(), owner.clone()))
+                .map(|(_, p)| p.clone())
         };
-        if let Some(pending) = pending {
-            pending.await;
+        match pending {
+            Some(pending) => tokio::time::timeout(within, pending).await.is_ok(),
+            None => true,
         }
     }
 
-    /// Live guards of `owner` on this lock in this client: watched ones are counted by the
-    /// watchdog, fixed-lease ones here.
     pub(crate) fn local_holds(&self, keys: &LockKeys, owner: &Owner) -> u64 {
         let key = (keys.clone(), owner.clone());
         let fixed = self.local_holds.lock().get(&key).copied().unwrap_or(0);
@@ -459,7 +510,8 @@ impl LockClientBuilder {
                 notifier: OnceCell::new(),
                 subscriber_builder: builder,
                 local_holds: Mutex::new(HashMap::new()),
-                rollbacks: Mutex::new(HashMap::new()),
+                repairs: Mutex::new(HashMap::new()),
+                repair_generation: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }

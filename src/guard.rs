@@ -154,6 +154,22 @@ impl LockGuard {
         }
     }
 
+    /// Takes this guard's hold out of local bookkeeping (stopping renewal) and prepares its
+    /// release: whatever the reply, this guard no longer keeps the lease alive.
+    fn start_release(&mut self) -> Release {
+        let holds_before = self.client.local_holds(&self.keys, &self.owner);
+        let ends_within = self.valid_until().saturating_duration_since(Instant::now())
+            + self.client.command_timeout;
+        self.forget_lease();
+        Release {
+            client: self.client.clone(),
+            keys: self.keys.clone(),
+            owner: self.owner.clone(),
+            holds_before,
+            ends_within,
+        }
+    }
+
     /// Stops renewal (a watched hold) or the local count (a fixed one): this guard no longer
     /// keeps anything alive, whatever happens to its release.
     fn forget_lease(&mut self) {
@@ -176,18 +192,8 @@ impl LockGuard {
     /// when the outcome is unknown: the release is not resent (it could release twice), and the
     /// lease ends the hold if it did not run.
     pub async fn unlock(mut self) -> Result<()> {
-        // Stop renewal first: whatever the reply, this guard no longer keeps the lease alive.
-        self.forget_lease();
-        self.client.ready().await;
-        let reply = commands::release(&self.client.redis, &self.keys, &self.owner).await;
-        match reply {
-            Ok(commands::Release::Released { .. }) => Ok(()),
-            Ok(commands::Release::NotHeld) => Err(LockError::NotHeld {
-                name: self.keys.name().to_string(),
-                owner: self.owner.to_string(),
-            }),
-            Err(error) => Err(self.client.map_err(error)),
-        }
+        let release = self.start_release();
+        release.send().await
     }
 }
 
@@ -221,25 +227,63 @@ impl Drop for LockGuard {
         if self.lease.is_none() {
             return; // released by unlock()
         }
-        self.forget_lease();
+        let release = self.start_release();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(lock = %self.keys.name(), "guard dropped outside a tokio runtime: the lease will end the hold");
             return;
         };
-        let client = self.client.clone();
-        let keys = self.keys.clone();
-        let owner = self.owner.clone();
         runtime.spawn(async move {
-            client.ready().await;
-            match commands::release(&client.redis, &keys, &owner).await {
-                Ok(commands::Release::Released { .. }) => {}
-                Ok(commands::Release::NotHeld) => {
-                    tracing::debug!(lock = %keys.name(), "dropped guard was no longer held");
+            let name = release.keys.name().to_string();
+            match release.send().await {
+                Ok(()) => {}
+                Err(LockError::NotHeld { .. }) => {
+                    tracing::debug!(lock = %name, "dropped guard was no longer held");
                 }
                 Err(error) => {
-                    tracing::warn!(lock = %keys.name(), %error, "background release failed; the lease will end the hold");
+                    tracing::warn!(lock = %name, %error, "background release failed; settling it in the background");
                 }
             }
         });
+    }
+}
+
+/// One release on its way: everything it needs, detached from the guard so that a dropped
+/// guard can send it from a spawned task.
+struct Release {
+    client: Arc<ClientInner>,
+    keys: LockKeys,
+    owner: Owner,
+    /// The owner's live holds here, this one included: what Redis counts if the release
+    /// does not run.
+    holds_before: u64,
+    /// How long until the hold ends by itself if the release does not run.
+    ends_within: Duration,
+}
+
+impl Release {
+    /// Sends the release once. If the reply never comes, a repair settles it in the
+    /// background (see `ClientInner::spawn_repair`): the release is not resent blindly, which
+    /// could release twice.
+    async fn send(self) -> Result<()> {
+        self.client.ready().await;
+        match commands::release(&self.client.redis, &self.keys, &self.owner).await {
+            Ok(commands::Release::Released { .. }) => Ok(()),
+            Ok(commands::Release::NotHeld) => Err(LockError::NotHeld {
+                name: self.keys.name().to_string(),
+                owner: self.owner.to_string(),
+            }),
+            Err(error) => {
+                let error = self.client.map_err(error);
+                if error.is_transient() {
+                    self.client.spawn_repair(
+                        &self.keys,
+                        &self.owner,
+                        self.holds_before,
+                        self.ends_within,
+                    );
+                }
+                Err(error)
+            }
+        }
     }
 }

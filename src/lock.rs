@@ -366,12 +366,18 @@ impl Lock {
             LeaseMode::Fixed(lease) => lease,
         };
         let lease_ms = leasehold_core::lease_millis(lease)?;
-        self.client.rollback_settled(&self.keys, owner).await;
+        // An earlier unanswered acquire or release of this owner may have left a hold that
+        // this acquire would re-enter; it is settled first.
+        let timeout = self.client.command_timeout;
+        if !self.client.settled(&self.keys, owner, timeout).await {
+            return Err(LockError::Timeout(timeout));
+        }
         let mut pending = PendingAcquire {
             client: &self.client,
             keys: &self.keys,
             owner,
             expected_count: self.client.local_holds(&self.keys, owner) + 1,
+            lease,
             armed: true,
         };
         let waiter = match (interest, self.client.notifier_if_started()) {
@@ -433,34 +439,17 @@ struct PendingAcquire<'a> {
     keys: &'a LockKeys,
     owner: &'a Owner,
     expected_count: u64,
+    /// The lease asked for: after it, an unconfirmed grant has ended by itself.
+    lease: Duration,
     armed: bool,
 }
 
 impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            self.client
+                .spawn_repair(self.keys, self.owner, self.expected_count, self.lease);
         }
-        if tokio::runtime::Handle::try_current().is_err() {
-            return; // no runtime to run it on: the lease ends the hold
-        }
-        let client = self.client.clone();
-        let keys = self.keys.clone();
-        let owner = self.owner.clone();
-        let expected = self.expected_count;
-        let rollback = async move {
-            client.ready().await;
-            match commands::rollback(&client.redis, &keys, &owner, expected).await {
-                Ok(undone) => {
-                    tracing::debug!(lock = %keys.name(), undone, "unanswered acquire rolled back")
-                }
-                Err(error) => {
-                    tracing::warn!(lock = %keys.name(), %error, "rollback of an unanswered acquire failed; the lease will end it")
-                }
-            }
-        };
-        self.client
-            .spawn_rollback(self.keys, self.owner, Box::pin(rollback));
     }
 }
 

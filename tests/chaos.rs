@@ -184,7 +184,6 @@ async fn after_redis_loses_its_data_tokens_keep_rising_and_fence_the_old_holder(
 /// and its `unlock()` returns Ok while the lock stays held for a whole lease, or for as long as
 /// the owner keeps re-acquiring it: every other client is locked out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "library bug: a lost rollback leaves an orphaned hold that the owner re-enters; see the chaos report"]
 async fn an_orphaned_hold_is_not_reentered() {
     let redis = server();
     let proxy = Proxy::start(redis.addr()).await.unwrap();

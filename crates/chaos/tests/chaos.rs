@@ -30,24 +30,10 @@ fn row(stdout: &str, name: &str) -> usize {
 }
 
 /// 20 seconds of faults of every kind against 4 client processes: no violation.
-///
-/// `--tolerate-orphaned-reentry` keeps one known library bug from failing `cargo test` at
-/// random (it is still counted and shown): an acquire whose rollback never ran leaves a hold
-/// that the owner's next acquire re-enters, and that owner's `unlock()` then leaves the lock
-/// held (`tests/chaos.rs`: `an_orphaned_hold_is_not_reentered`). Drop the flag once fixed;
-/// `just chaos` does not tolerate it.
 #[test]
 fn twenty_seconds_of_faults_without_a_violation() {
     let started = Instant::now();
-    let (output, stdout) = chaos(&[
-        "--duration",
-        "20s",
-        "--clients",
-        "4",
-        "--seed",
-        "7",
-        "--tolerate-orphaned-reentry",
-    ]);
+    let (output, stdout) = chaos(&["--duration", "20s", "--clients", "4", "--seed", "7"]);
     assert!(
         output.status.success(),
         "the chaos run found violations or failed ({}):\n{stdout}\n{}",
