@@ -428,8 +428,9 @@ impl LockClientBuilder {
         self
     }
 
-    /// How long to wait for any Redis reply (default 5 s). A timed-out acquire is treated as
-    /// "unknown" and undone in the background.
+    /// How long to wait for any Redis reply (default 5 s; above zero, at most
+    /// [`MAX_LEASE`](crate::MAX_LEASE)). A timed-out acquire is treated as "unknown" and undone
+    /// in the background.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -463,10 +464,12 @@ impl LockClientBuilder {
                 self.lease
             )));
         }
-        if self.command_timeout.is_zero() {
-            return Err(LockError::InvalidArgument(
-                "command timeout must be above zero".into(),
-            ));
+        if self.command_timeout.is_zero() || self.command_timeout > leasehold_core::MAX_LEASE {
+            return Err(LockError::InvalidArgument(format!(
+                "command timeout {:?} must be above zero and at most {:?}",
+                self.command_timeout,
+                leasehold_core::MAX_LEASE
+            )));
         }
         let mut builder = Builder::from_config(config);
         builder

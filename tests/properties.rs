@@ -320,8 +320,10 @@ fn any_client_settings_build_or_get_a_typed_error() {
                     .command_timeout(timeout)
                     .build()
                     .await;
-                let valid =
-                    lease >= Duration::from_millis(30) && lease <= MAX_LEASE && !timeout.is_zero();
+                let valid = lease >= Duration::from_millis(30)
+                    && lease <= MAX_LEASE
+                    && !timeout.is_zero()
+                    && timeout <= MAX_LEASE;
                 match built {
                     Ok(client) => {
                         prop_assert!(valid, "lease {lease:?}, timeout {timeout:?} accepted");
