@@ -133,6 +133,18 @@ pub struct CheckLine {
     pub note: String,
 }
 
+impl CheckLine {
+    /// A check whose count must be 0, with no note.
+    fn must_be_zero(name: &'static str, count: usize) -> CheckLine {
+        CheckLine {
+            name,
+            count,
+            must_be_zero: true,
+            note: String::new(),
+        }
+    }
+}
+
 /// The outcome of a run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
@@ -324,30 +336,20 @@ pub fn analyze(
             cleanup.fence_keys
         ),
     });
-    report.checks.push(CheckLine {
-        name: KEYS_NO_TTL,
-        count: cleanup.keys_without_ttl.len(),
-        must_be_zero: true,
-        note: String::new(),
-    });
-    report.checks.push(CheckLine {
-        name: CHANNELS_LEFT,
-        count: cleanup.channels_left.len(),
-        must_be_zero: true,
-        note: String::new(),
-    });
-    report.checks.push(CheckLine {
-        name: LOCAL_LEFT,
-        count: local_left,
-        must_be_zero: true,
-        note: String::new(),
-    });
-    report.checks.push(CheckLine {
-        name: CRASHED,
-        count: cleanup.crashed.len(),
-        must_be_zero: true,
-        note: String::new(),
-    });
+    report.checks.push(CheckLine::must_be_zero(
+        KEYS_NO_TTL,
+        cleanup.keys_without_ttl.len(),
+    ));
+    report.checks.push(CheckLine::must_be_zero(
+        CHANNELS_LEFT,
+        cleanup.channels_left.len(),
+    ));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(LOCAL_LEFT, local_left));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(CRASHED, cleanup.crashed.len()));
     for key in cleanup
         .keys_left
         .iter()
@@ -552,36 +554,22 @@ fn fence_checks(
             }
         }
     }
-    report.checks.push(CheckLine {
-        name: FENCE_NON_INCREASING,
-        count: non_increasing,
-        must_be_zero: true,
-        note: String::new(),
-    });
-    report.checks.push(CheckLine {
-        name: FENCE_UNKNOWN_TOKEN,
-        count: unknown,
-        must_be_zero: true,
-        note: String::new(),
-    });
-    report.checks.push(CheckLine {
-        name: FENCE_REUSED,
-        count: reused,
-        must_be_zero: true,
-        note: String::new(),
-    });
-    report.checks.push(CheckLine {
-        name: FENCE_ORDER,
-        count: order,
-        must_be_zero: true,
-        note: String::new(),
-    });
-    report.checks.push(CheckLine {
-        name: FENCE_RESTART,
-        count: across_restart,
-        must_be_zero: true,
-        note: String::new(),
-    });
+    report.checks.push(CheckLine::must_be_zero(
+        FENCE_NON_INCREASING,
+        non_increasing,
+    ));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(FENCE_UNKNOWN_TOKEN, unknown));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(FENCE_REUSED, reused));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(FENCE_ORDER, order));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(FENCE_RESTART, across_restart));
 }
 
 struct Belief<'a> {
@@ -647,12 +635,9 @@ fn exclusion_checks(
             }
         }
     }
-    report.checks.push(CheckLine {
-        name: OVERLAP,
-        count: violations,
-        must_be_zero: true,
-        note: String::new(),
-    });
+    report
+        .checks
+        .push(CheckLine::must_be_zero(OVERLAP, violations));
     report.checks.push(CheckLine {
         name: OVERLAP_DATA_LOSS,
         count: data_loss,
