@@ -25,12 +25,14 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+mod builder;
 mod client;
 mod guard;
 mod lock;
 pub mod schedule;
 
-pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_LEASE};
+pub use builder::{LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_LEASE};
+pub use client::LockClient;
 pub use guard::LockGuard;
 pub use leasehold_core::{
     FencingToken, LockError, LockKeys, Owner, Result, MAX_LEASE, MAX_NAME_LEN,
