@@ -309,3 +309,56 @@ async fn waiters_survive_a_server_restart() {
         .expect("every waiter acquired after the restart");
     assert_nothing_left(&redis, &waiter, "leasehold:{restart}:released").await;
 }
+
+/// The turn queue: a client waiting in the queue gets the lock on release, even though the
+/// releaser asks again at once (it would win a plain race, being first to hear its own reply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_turn_to_the_queued_client_not_the_releaser() {
+    let redis = server();
+    let releaser = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let lock = releaser.lock("turns").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let waiting_lock = waiter.lock("turns").unwrap();
+    let waiting = tokio::spawn(async move { waiting_lock.lock().await.unwrap() });
+    // The waiter's client is queued once its retry failed.
+    assert!(
+        common::eventually(Duration::from_secs(10), || cmd(
+            &redis,
+            &["ZCARD", "leasehold:{turns}:queue"]
+        )
+        .as_int()
+            == Some(1))
+        .await
+    );
+    guard.unlock().await.unwrap();
+    // The release reserved the lock for the queued client's turn (for TURN_GRACE): asking
+    // again at once fails. Only "at once" is promised: on a stalled machine the reservation
+    // may lapse first, and then the releaser may win, which is not what this test is about.
+    let released = Instant::now();
+    let again = lock.try_lock().await.unwrap();
+    if released.elapsed() < leasehold_core::commands::TURN_GRACE {
+        assert!(again.is_none(), "the releaser barged in");
+    }
+    if let Some(again) = again {
+        again.unlock().await.unwrap();
+    }
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the queued client took its turn")
+        .unwrap();
+    assert_eq!(handed.hold_count(), 1);
+    handed.unlock().await.unwrap();
+    assert!(
+        !exists(&redis, "leasehold:{turns}:queue"),
+        "the queue emptied"
+    );
+    // Nobody queued now: the releaser's lock is free to take at once.
+    lock.try_lock()
+        .await
+        .unwrap()
+        .expect("free")
+        .unlock()
+        .await
+        .unwrap();
+}
