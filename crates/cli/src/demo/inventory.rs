@@ -17,7 +17,7 @@ use leasehold::{FencingToken, LockClient};
 use super::events::{now_us, PodEvent};
 use super::pod::StartingLine;
 use super::store::{Store, StoreSpec};
-use super::{expect, say, Ctx, STEP_TIMEOUT};
+use super::{expect, say, start_three_pods, Ctx, STEP_TIMEOUT};
 
 /// The product on sale.
 const PRODUCT: i64 = 42;
@@ -80,20 +80,7 @@ fn sell_out(ctx: &Ctx, locked: bool) -> anyhow::Result<(Vec<(String, u64)>, i64)
     if locked {
         role.push("--locked".into());
     }
-    let labels = ["pod-1", "pod-2", "pod-3"];
-    for label in labels {
-        pods.spawn(label, super::DEFAULT_LEASE_MS, &role)?;
-    }
-    for _ in labels {
-        expect(
-            &mut pods,
-            None,
-            deadline,
-            "the shop pods to get ready",
-            |e| (*e == PodEvent::Ready).then_some(()),
-        )?;
-    }
-    pods.go_all()?;
+    let labels = start_three_pods(&mut pods, &role, deadline, "the shop pods to get ready")?;
     let mut sold = Vec::new();
     for _ in labels {
         let (label, units) = expect(

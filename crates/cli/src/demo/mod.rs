@@ -198,6 +198,28 @@ fn expect<T>(
     }
 }
 
+/// The three pods of a scenario: spawns them with `role`, waits until each says it is ready,
+/// then lets them all go at once (the seeds' "3 pods at the same moment").
+const POD_LABELS: [&str; 3] = ["pod-1", "pod-2", "pod-3"];
+
+fn start_three_pods(
+    pods: &mut Pods,
+    role: &[String],
+    deadline: Instant,
+    what: &str,
+) -> anyhow::Result<[&'static str; 3]> {
+    for label in POD_LABELS {
+        pods.spawn(label, DEFAULT_LEASE_MS, role)?;
+    }
+    for _ in POD_LABELS {
+        expect(pods, None, deadline, what, |e| {
+            (*e == PodEvent::Ready).then_some(())
+        })?;
+    }
+    pods.go_all()?;
+    Ok(POD_LABELS)
+}
+
 /// Deletes every key under `prefix` (SCAN + UNLINK, never KEYS). Returns how many.
 async fn delete_keys(redis: &Client, prefix: &str) -> anyhow::Result<usize> {
     let keys: Vec<String> = redis

@@ -13,7 +13,7 @@ use leasehold::LockClient;
 use super::events::PodEvent;
 use super::pod::StartingLine;
 use super::pods::Pods;
-use super::{expect, say, Ctx, STEP_TIMEOUT};
+use super::{expect, say, start_three_pods, Ctx, STEP_TIMEOUT};
 
 /// The report's lock.
 const LOCK: &str = "daily-report";
@@ -25,21 +25,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     println!("2. Daily report: at 02:00 the same scheduled job fires on 3 pods at once");
     let deadline = Instant::now() + STEP_TIMEOUT;
     let mut pods = ctx.pods();
-    let labels = ["pod-1", "pod-2", "pod-3"];
     let role = ["report".to_string(), "--job-ms".into(), JOB_MS.to_string()];
-    for label in labels {
-        pods.spawn(label, super::DEFAULT_LEASE_MS, &role)?;
-    }
-    for _ in labels {
-        expect(
-            &mut pods,
-            None,
-            deadline,
-            "the report pods to get ready",
-            |e| (*e == PodEvent::Ready).then_some(()),
-        )?;
-    }
-    pods.go_all()?;
+    let labels = start_three_pods(&mut pods, &role, deadline, "the report pods to get ready")?;
 
     // All three decide within a round trip of each other. Their lines are printed once all
     // have decided, the pod that runs the report first, so the account reads like one log.
