@@ -50,6 +50,15 @@ enum Attempt {
     Held(Option<Duration>),
 }
 
+impl Attempt {
+    fn into_guard(self) -> Option<LockGuard> {
+        match self {
+            Attempt::Granted(guard) => Some(guard),
+            Attempt::Held(_) => None,
+        }
+    }
+}
+
 impl Lock {
     pub(crate) fn new(client: Arc<ClientInner>, keys: LockKeys) -> Lock {
         Lock {
@@ -265,10 +274,7 @@ impl Lock {
             _ => None,
         };
         if deadline.is_some_and(|d| d <= Instant::now()) {
-            return match self.attempt(&owner, mode, None).await? {
-                Attempt::Granted(guard) => Ok(Some(guard)),
-                Attempt::Held(_) => Ok(None),
-            };
+            return Ok(self.attempt(&owner, mode, None).await?.into_guard());
         }
         let mut leave = LeaveQueue {
             lock: self,
@@ -341,13 +347,12 @@ impl Lock {
             }
             if deadline.is_some_and(|d| d <= Instant::now()) {
                 // One last try at the deadline: a release may have woken us just now.
-                return match self.attempt(&owner, mode, interest.as_ref()).await? {
-                    Attempt::Granted(guard) => {
-                        leave.armed = false;
-                        Ok(Some(guard))
-                    }
-                    Attempt::Held(_) => Ok(None),
-                };
+                let guard = self
+                    .attempt(&owner, mode, interest.as_ref())
+                    .await?
+                    .into_guard();
+                leave.armed = guard.is_none();
+                return Ok(guard);
             }
         }
     }

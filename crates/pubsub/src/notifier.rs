@@ -273,7 +273,7 @@ fn on_message(inner: &Inner, channel: &Arc<Channel>, payload: &str) {
     if payload == "-" {
         return;
     }
-    if payload == "*" || payload == inner.client_id || payload == "released" {
+    if payload == "*" || payload == inner.client_id {
         channel.notify.notify_one();
         return;
     }
