@@ -205,8 +205,16 @@ fn child_holder_entry_point() {
 async fn a_killed_holders_lock_expires_within_the_lease() {
     let redis = server();
     let child = common::spawn_holder(&redis, "mortal", LEASE);
-    // Let the watchdog renew at least once, so the test shows renewal stops with the process.
-    tokio::time::sleep(LEASE / 2).await;
+    // Wait for the child's first renewal (its second script call after the acquire), so the
+    // test shows that renewal stops with the process.
+    assert!(
+        common::eventually(Duration::from_secs(10), || redis
+            .command_calls("evalsha")
+            .unwrap()
+            >= 2)
+        .await,
+        "the holder renewed"
+    );
     child.kill().unwrap();
     let killed = Instant::now();
     assert!(
