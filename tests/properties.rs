@@ -93,7 +93,7 @@ fn names() -> impl Strategy<Value = String> {
 
 /// A lock name either is refused with `InvalidArgument` before anything is sent, or locks
 /// exactly the keys the guide names, excludes a second client, hands over to a waiter through
-/// its release channel, and leaves only its fence key behind.
+/// its release channel, and leaves nothing behind but the prefix's fencing counter.
 #[test]
 fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
     let redis = server();
@@ -124,7 +124,7 @@ fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
             };
             let hash = expected_hash(&name);
             prop_assert_eq!(lock.keys().hash(), hash.as_str());
-            prop_assert_eq!(lock.keys().fence(), format!("{hash}:fence"));
+            prop_assert_eq!(lock.keys().fence(), format!("{PREFIX}:fence"));
             prop_assert_eq!(lock.keys().released(), format!("{hash}:released"));
             rt.block_on(async {
                 let guard = lock
@@ -162,7 +162,8 @@ fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
         })
         .unwrap();
     assert_eq!(cases.get(), 200);
-    // Nothing outside the prefix, and nothing but fence keys (and queues on their way out).
+    // Nothing outside the prefix, and nothing but the fencing counter (and queues on their way
+    // out).
     let keys = common::keys(&redis, "*");
     assert!(!keys.is_empty());
     for key in &keys {
@@ -171,7 +172,7 @@ fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
             "key {key:?} outside the prefix"
         );
         assert!(
-            key.ends_with(":fence") || key.ends_with(":queue"),
+            *key == format!("{PREFIX}:fence") || key.ends_with(":queue"),
             "left behind: {key:?}"
         );
     }
@@ -302,9 +303,7 @@ fn any_duration_gets_a_typed_error_or_the_lease_it_asked_for() {
             },
         )
         .unwrap();
-    assert!(common::keys(&redis, "*")
-        .iter()
-        .all(|k| k.starts_with("prop:") && k.ends_with(":fence")));
+    assert!(common::keys(&redis, "*").iter().all(|k| k == "prop:fence"));
 }
 
 /// Client settings: any lease and command timeout build a client or give `InvalidArgument`.

@@ -262,17 +262,26 @@ async fn fencing_tokens_strictly_increase_even_after_data_loss() {
         guard.unlock().await.unwrap();
         last = token;
     }
-    // A counter far in the future must still be respected (stored + 1).
-    cmd(
-        &redis,
-        &["SET", "leasehold:{fenced}:fence", "9000000000000000"],
-    );
+    // A counter far in the future must still be respected (stored + 1), digit for digit, and a
+    // re-entry reads the same token back from the hash.
+    cmd(&redis, &["SET", "leasehold:fence", "9000000000000000"]);
     let guard = lock.try_lock().await.unwrap().unwrap();
     assert_eq!(guard.fencing_token().get(), 9_000_000_000_000_001);
+    let again = lock.try_lock().await.unwrap().unwrap();
+    assert_eq!(again.fencing_token().get(), 9_000_000_000_000_001);
+    again.unlock().await.unwrap();
     guard.unlock().await.unwrap();
-    cmd(
-        &redis,
-        &["SET", "leasehold:{fenced}:fence", &last.to_string()],
+    cmd(&redis, &["SET", "leasehold:fence", &last.to_string()]);
+    // The counter is one key for every lock: another name's token continues from it, and a
+    // released lock leaves no key of its own behind.
+    let other = client.lock("fenced-too").unwrap();
+    let guard = other.try_lock().await.unwrap().unwrap();
+    assert!(guard.fencing_token().get() > last);
+    guard.unlock().await.unwrap();
+    assert_eq!(
+        common::keys(&redis, "leasehold:*"),
+        vec!["leasehold:fence".to_string()],
+        "only the shared fencing counter stays"
     );
 
     // Restart without persistence: every key is gone, the token still rises (server time floor).
@@ -442,7 +451,8 @@ async fn wrong_type_keys_are_reported_not_clobbered() {
         Some("someone else's string")
     );
     // A fence key of the wrong type is refused too, and the lock is not granted.
-    cmd(&redis, &["LPUSH", "leasehold:{fence-taken}:fence", "x"]);
+    cmd(&redis, &["DEL", "leasehold:fence"]);
+    cmd(&redis, &["LPUSH", "leasehold:fence", "x"]);
     let lock = client.lock("fence-taken").unwrap();
     assert!(matches!(
         lock.try_lock().await,

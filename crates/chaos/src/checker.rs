@@ -330,7 +330,7 @@ pub fn analyze(
         count: cleanup.keys_left.len(),
         must_be_zero: true,
         note: format!(
-            "{} at exit, gone after {} ms; {} fence keys kept by design",
+            "{} at exit, gone after {} ms; fencing counter kept by design: {}",
             cleanup.keys_at_exit.len(),
             cleanup.expiry_wait_ms,
             cleanup.fence_keys

@@ -19,8 +19,8 @@
 //! - release: no acquire re-entered a hold its owner had let go of (an orphaned hold);
 //! - liveness: no operation stalled with no fault nearby, none was still waiting at the stop;
 //! - cleanup: after the clients stopped, no subscription, no registered waiter or hold, no key
-//!   without a TTL, and no key once every TTL ran out. `P:{N}:fence` keys are not counted:
-//!   they stay by design, to keep tokens increasing.
+//!   without a TTL, and no key once every TTL ran out. The prefix's fencing counter
+//!   (`P:fence`) is not counted: it stays by design, to keep tokens increasing.
 //!
 //! How a client works is in `worker.rs`, the faults in `orchestrator.rs`, and why each check
 //! is sound in `checker.rs`.

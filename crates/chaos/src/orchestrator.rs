@@ -54,15 +54,16 @@ pub struct Cleanup {
     pub crashed: Vec<String>,
     /// Release channels still subscribed after every client drained (deadline passed).
     pub channels_left: Vec<String>,
-    /// Non-fence keys right after the clients exited.
+    /// Keys other than the fencing counter right after the clients exited.
     pub keys_at_exit: Vec<String>,
     /// Of those, keys without a TTL: they would never go away.
     pub keys_without_ttl: Vec<String>,
-    /// Non-fence keys still there after waiting for every TTL to run out.
+    /// Keys other than the fencing counter still there after waiting for every TTL to run out.
     pub keys_left: Vec<String>,
-    /// `P:{N}:fence` keys: kept by design (they keep tokens increasing), not counted.
+    /// `P:fence`, the prefix's fencing counter: kept by design (it keeps tokens increasing), not
+    /// counted (0 or 1).
     pub fence_keys: usize,
-    /// How long the non-fence keys took to disappear.
+    /// How long those keys took to disappear.
     pub expiry_wait_ms: u64,
 }
 
@@ -417,15 +418,17 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
     }
 
     // Keys: lock hashes end with their lease, turn reservations with the 25 ms grace, turn
-    // queues with max(lease) + 10 s after the last waiter joined. Fence keys stay by design.
+    // queues with max(lease) + 10 s after the last waiter joined. The fencing counter stays by
+    // design.
     let exited = Instant::now();
     let deadline = exited + env.config.lease.max(MAX_EXPLICIT_LEASE) + Duration::from_secs(15);
     let mut first = true;
     loop {
         let redis = env.redis.clone();
         let keys = blocking(move || scan(&redis, &format!("{PREFIX}:*"))).await??;
-        let (fences, others): (Vec<String>, Vec<String>) =
-            keys.into_iter().partition(|k| k.ends_with(":fence"));
+        let (fences, others): (Vec<String>, Vec<String>) = keys
+            .into_iter()
+            .partition(|k| *k == format!("{PREFIX}:fence"));
         if first {
             first = false;
             cleanup.fence_keys = fences.len();

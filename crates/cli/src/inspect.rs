@@ -1,6 +1,6 @@
 //! `leasehold inspect NAME`: one lock as Redis holds it right now.
 //!
-//! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, GET fence, PUBSUB
+//! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, PUBSUB
 //! NUMSUB). It is a snapshot, not a transaction: a lock released between two of those replies
 //! shows up half-gone, which an operator tool can live with (run it again) and which keeps it
 //! free of scripts that would need their own ACL permissions.
@@ -33,7 +33,7 @@ pub struct LockState {
     pub ttl_ms: Option<u64>,
     /// The key exists but has no expiry: it will never free itself (only force-unlock does).
     pub no_expiry: bool,
-    /// The last fencing token handed out for this name (`P:{N}:fence`); it survives release.
+    /// The fencing token of the current grant (the hash's `~fence` field); `null` when free.
     pub fence: Option<u64>,
     /// Connections subscribed to the release channel: one per waiting client process, not per
     /// waiting task (a client shares one subscription among its waiters).
@@ -77,7 +77,6 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
     let _: () = pipeline.r#type(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline.hgetall(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline.pttl(keys.hash()).await.map_err(redis_error)?;
-    let _: () = pipeline.get(keys.fence()).await.map_err(redis_error)?;
     let _: () = pipeline
         .pubsub_numsub(keys.released())
         .await
@@ -94,9 +93,9 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         .ok()
         .and_then(|v| v.convert::<HashMap<String, String>>().ok());
     let pttl = next().map_err(redis_error)?.as_i64().unwrap_or(-2);
-    let fence = next()
-        .ok()
-        .and_then(|v| v.as_string())
+    let fence = fields
+        .as_ref()
+        .and_then(|f| f.get(FENCE_FIELD))
         .and_then(|s| s.parse().ok());
     let waiters = next().ok().map_or(0, |v| numsub_count(&v));
 
@@ -120,16 +119,18 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
     })
 }
 
+/// The hash field that keeps the current grant's fencing token.
+const FENCE_FIELD: &str = "~fence";
+
 /// The holders of a lock hash, or `None` when a value is not a hold count (not our hash).
-/// Fields starting with `~` are reservations, not owners: `~turn:<client>` (the lock is kept
-/// for that client's turn for a moment after a release) and `~expiring` (a run-once job's
-/// "hold at least" tail); they are listed as they are.
+/// `~fence` is the grant's token, not a holder. Other fields starting with `~` are
+/// reservations, not owners: `~turn:<client>` (the lock is kept for that client's turn for a
+/// moment after a release) and `~expiring` (a run-once job's "hold at least" tail); they are
+/// listed as they are.
 pub fn holders_of(fields: &HashMap<String, String>) -> Option<Vec<Holder>> {
-    if fields.is_empty() {
-        return None;
-    }
     let mut holders = fields
         .iter()
+        .filter(|(field, _)| field.as_str() != FENCE_FIELD)
         .map(|(owner, count)| {
             let hold_count = count
                 .parse::<u64>()
@@ -141,6 +142,9 @@ pub fn holders_of(fields: &HashMap<String, String>) -> Option<Vec<Holder>> {
             })
         })
         .collect::<Option<Vec<_>>>()?;
+    if holders.is_empty() {
+        return None;
+    }
     holders.sort_by(|a, b| a.owner.cmp(&b.owner));
     Some(holders)
 }
@@ -190,8 +194,8 @@ pub fn describe(state: &LockState) -> String {
         rows.push(vec!["lease".into(), lease]);
     }
     let fence = match state.fence {
-        Some(token) => format!("{token} (last token handed out; the next grant gets more)"),
-        None => "none yet (never granted)".into(),
+        Some(token) => format!("{token} (this grant's token; the next grant gets more)"),
+        None => "none (not held)".into(),
     };
     rows.push(vec!["fence".into(), fence]);
     rows.push(vec![

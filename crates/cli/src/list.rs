@@ -129,9 +129,6 @@ pub async fn list(
 /// a fencing counter, another kind's key (`P:{N}:...`), or a key no name maps to.
 pub fn lock_name(prefix: &Prefix, key: &str) -> Option<String> {
     let rest = key.strip_prefix(prefix.as_str())?.strip_prefix(':')?;
-    if rest.ends_with(":fence") {
-        return None;
-    }
     // `P:{N}` for a plain name; a name with its own hash tag is the key's rest as given.
     let candidate = rest
         .strip_prefix('{')
@@ -188,7 +185,8 @@ mod tests {
             name("leasehold:order:{42}:pay").as_deref(),
             Some("order:{42}:pay")
         );
-        assert_eq!(name("leasehold:{inventory:42}:fence"), None);
+        assert_eq!(name("leasehold:fence"), None);
+        assert_eq!(name("leasehold:{inventory:42}:queue"), None);
         assert_eq!(name("leasehold:plain"), None);
         assert_eq!(name("other:{x}"), None);
         assert_eq!(name("leaseholdx:{x}"), None);

@@ -175,9 +175,7 @@ async fn list_shows_locks_under_the_prefix_only() {
         redis.command(&["PEXPIRE", key, "60000"]).unwrap();
     }
     // Not locks: a fencing counter, a string, a hash that is not a hold count map.
-    redis
-        .command(&["SET", "leasehold:{inventory:42}:fence", "12"])
-        .unwrap();
+    redis.command(&["SET", "leasehold:fence", "12"]).unwrap();
     redis.command(&["SET", "leasehold:{str}", "x"]).unwrap();
     redis
         .command(&["HSET", "leasehold:{odd}", "field", "text"])

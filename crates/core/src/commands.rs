@@ -12,15 +12,13 @@ use fred::types::Key;
 use crate::scripts::{ACQUIRE, FORCE_UNLOCK, RELEASE, RELEASE_AFTER, RENEW, ROLLBACK};
 use crate::{FencingToken, LockKeys, Owner};
 
-/// The publish command scripts use for release messages.
-///
-/// PUBLISH on a single node; Redis Cluster support would switch to SPUBLISH so the message stays
-/// in the lock's slot.
-pub const PUBLISH: &str = "PUBLISH";
-
 /// How long a released lock stays reserved for the client whose turn it is, and how long other
 /// clients wait before trying themselves when that client does not take it (crashed, or its
 /// waiter left). Loopback handoffs take well under a millisecond; 25 ms also covers a LAN.
+///
+/// The release script has this value written in (it is not sent with each call); a test keeps
+/// the two equal. The scripts also name PUBLISH directly: Redis Cluster support would ship
+/// variants with SPUBLISH, so the message stays in the lock's slot.
 pub const TURN_GRACE: Duration = Duration::from_millis(25);
 
 /// The reply of the acquire script.
@@ -82,28 +80,20 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     lease_ms: u64,
     waiter: Option<Waiter<'_>>,
 ) -> Result<Acquire, FredError> {
-    let (waiting_client, more) = match waiter {
-        Some(w) => (w.client, if w.more { "1" } else { "0" }),
-        None => ("", "0"),
-    };
-    let reply: Value = ACQUIRE
-        .call(
-            client,
-            vec![
-                Key::from(keys.hash_str()),
-                Key::from(keys.fence_str()),
-                Key::from(keys.queue_str()),
-            ],
-            vec![
-                Value::from(owner.id_str().clone()),
-                Value::from(lease_ms as i64),
-                Value::from(waiting_client),
-                Value::from(more),
-                Value::from(keys.released_str().clone()),
-                Value::from(PUBLISH),
-            ],
-        )
-        .await?;
+    let mut key_list = Vec::with_capacity(3);
+    key_list.push(Key::from(keys.hash_str()));
+    key_list.push(Key::from(keys.fence_str()));
+    let mut args = Vec::with_capacity(5);
+    args.push(Value::from(owner.id_str().clone()));
+    args.push(Value::from(lease_ms as i64));
+    // A plain try sends only what the grant needs (see the script's header).
+    if let Some(w) = waiter {
+        key_list.push(Key::from(keys.queue_str()));
+        args.push(Value::from(w.client));
+        args.push(Value::from(if w.more { "1" } else { "0" }));
+        args.push(Value::from(keys.released_str().clone()));
+    }
+    let reply: Value = ACQUIRE.call(client, key_list, args).await?;
     let Value::Array(values) = &reply else {
         return Err(parse_error("acquire", &reply));
     };
@@ -136,8 +126,6 @@ pub async fn release<C: LuaInterface + Send + Sync>(
             vec![
                 Value::from(owner.id_str().clone()),
                 Value::from(keys.released_str().clone()),
-                Value::from(PUBLISH),
-                Value::from(TURN_GRACE.as_millis() as i64),
             ],
         )
         .await?;
@@ -191,7 +179,6 @@ pub async fn rollback<C: LuaInterface + Send + Sync>(
                 Value::from(owner.id()),
                 Value::from(expected_count as i64),
                 Value::from(keys.released()),
-                Value::from(PUBLISH),
             ],
         )
         .await?;
@@ -247,7 +234,22 @@ pub async fn force_unlock<C: LuaInterface + Send + Sync>(
     keys: &LockKeys,
 ) -> Result<bool, FredError> {
     let removed: i64 = FORCE_UNLOCK
-        .call(client, keys.hash(), vec![keys.released(), PUBLISH])
+        .call(client, keys.hash(), vec![keys.released()])
         .await?;
     Ok(removed == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TURN_GRACE;
+    use crate::scripts::RELEASE;
+
+    #[test]
+    fn release_script_reserves_turns_for_turn_grace() {
+        let pexpire = format!("redis.call('PEXPIRE', KEYS[1], {})", TURN_GRACE.as_millis());
+        assert!(
+            RELEASE.lua().contains(&pexpire),
+            "release.lua must use TURN_GRACE"
+        );
+    }
 }

@@ -4,14 +4,22 @@
 //!
 //! | key / channel       | type   | what                                                  |
 //! |---------------------|--------|-------------------------------------------------------|
-//! | `P:{N}`             | hash   | owner id -> hold count, PEXPIRE = the lease           |
-//! | `P:{N}:fence`       | string | last fencing token handed out, no TTL                 |
+//! | `P:{N}`             | hash   | owner id -> hold count, and `~fence` -> this grant's  |
+//! |                     |        | fencing token; PEXPIRE = the lease                    |
 //! | `P:{N}:released`    | channel| published when a lock becomes free                    |
 //! | `P:{N}:queue`       | zset   | clients with waiters, in turn order (contended only)  |
+//! | `P:fence`           | string | last fencing token handed out under the prefix, no TTL|
 //!
-//! The braces are a Redis Cluster hash tag: every key and channel of one lock lives in one slot,
-//! so each state change can be one script. A name that already carries a hash tag (`{...}`
-//! with something inside) is used as given, so callers can co-locate several locks on purpose.
+//! The braces are a Redis Cluster hash tag: every key and channel of one lock lives in one slot.
+//! A name that already carries a hash tag (`{...}` with something inside) is used as given, so
+//! callers can co-locate several locks on purpose.
+//!
+//! The fencing counter is one key for the whole prefix, not one per lock: a counter that rises
+//! for every lock also rises for each lock, and a lock that is released leaves nothing behind
+//! (a per-name counter would stay forever, one key for every order id ever locked). It also
+//! keeps the grant cheap: creating a key per fresh name cost a third of the acquire's server
+//! time. On Redis Cluster the counter would have to be one per slot (a key tagged to hash to
+//! the lock's slot); Cluster is not supported yet.
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,7 +40,11 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// A validated key prefix: non-empty, at most 256 bytes, no braces (the hash tag must come from
 /// the lock name) and no whitespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Prefix(Arc<str>);
+pub struct Prefix {
+    text: Arc<str>,
+    /// `P:fence`, the fencing counter of every lock under this prefix.
+    fence: Str,
+}
 
 impl Prefix {
     /// Checks and wraps a prefix.
@@ -52,24 +64,37 @@ impl Prefix {
                 "key prefix {prefix:?} must not contain braces or whitespace"
             )));
         }
-        Ok(Prefix(prefix.into()))
+        Ok(Prefix::of(prefix))
+    }
+
+    fn of(prefix: &str) -> Prefix {
+        Prefix {
+            text: prefix.into(),
+            fence: Str::from(format!("{prefix}:fence")),
+        }
     }
 
     /// The prefix text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// `P:fence`: the fencing counter shared by every lock under this prefix. It has no braces,
+    /// so no lock's keys can ever be named like it.
+    pub fn fence(&self) -> &str {
+        &self.fence
     }
 }
 
 impl Default for Prefix {
     fn default() -> Self {
-        Prefix(DEFAULT_PREFIX.into())
+        Prefix::of(DEFAULT_PREFIX)
     }
 }
 
 impl fmt::Display for Prefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -117,7 +142,7 @@ impl LockKeys {
     /// use leasehold_core::{LockKeys, Prefix};
     /// let keys = LockKeys::new(&Prefix::default(), "inventory:42").unwrap();
     /// assert_eq!(keys.hash(), "leasehold:{inventory:42}");
-    /// assert_eq!(keys.fence(), "leasehold:{inventory:42}:fence");
+    /// assert_eq!(keys.fence(), "leasehold:fence");
     /// assert_eq!(keys.released(), "leasehold:{inventory:42}:released");
     /// // A name with its own hash tag is used as given.
     /// let tagged = LockKeys::new(&Prefix::default(), "order:{42}:pay").unwrap();
@@ -157,9 +182,9 @@ impl LockKeys {
         } else {
             format!("{prefix}:{{{name}}}")
         };
-        // One buffer holds all four strings; each is a slice of it (one allocation, and no
-        // copy when a slice goes into a command).
-        let all = bytes::Bytes::from(format!("{hash}{hash}:fence{hash}:released{hash}:queue"));
+        // One buffer holds the lock's three strings; each is a slice of it (one allocation, and
+        // no copy when a slice goes into a command).
+        let all = bytes::Bytes::from(format!("{hash}{hash}:released{hash}:queue"));
         let mut at = 0;
         let mut next = |len: usize| {
             let slice = Str::from_inner(all.slice(at..at + len))
@@ -167,16 +192,15 @@ impl LockKeys {
             at += len;
             slice
         };
-        let (h, f, r, q) = (
+        let (h, r, q) = (
             next(hash.len()),
-            next(hash.len() + ":fence".len()),
             next(hash.len() + ":released".len()),
             next(hash.len() + ":queue".len()),
         );
         Ok(LockKeys(Arc::new(KeyStrings {
             name: name.to_string(),
             hash: h,
-            fence: f,
+            fence: prefix.fence.clone(),
             released: r,
             queue: q,
         })))
@@ -192,7 +216,7 @@ impl LockKeys {
         &self.0.hash
     }
 
-    /// `P:{N}:fence`: the fencing counter.
+    /// `P:fence`: the fencing counter (shared by every lock under the prefix).
     pub fn fence(&self) -> &str {
         &self.0.fence
     }
@@ -229,7 +253,8 @@ impl LockKeys {
 }
 
 /// Suffixes of a lock's own keys. A tagged name ending in one of them would collide with
-/// another lock's key (`{a}:fence` is lock `a`'s fence), so such names are refused.
+/// another lock's key (`{a}:queue` is lock `a`'s turn queue), so such names are refused.
+/// `:fence` stays reserved for the per-slot fencing counters Redis Cluster support would need.
 const RESERVED_SUFFIXES: [&str; 3] = [":fence", ":released", ":queue"];
 
 /// Whether Redis Cluster would hash `name` by a tag: a `{` followed later by a `}` with at
@@ -252,7 +277,7 @@ mod tests {
     fn layout() {
         let k = LockKeys::new(&Prefix::new("app").unwrap(), "report").unwrap();
         assert_eq!(k.hash(), "app:{report}");
-        assert_eq!(k.fence(), "app:{report}:fence");
+        assert_eq!(k.fence(), "app:fence");
         assert_eq!(k.released(), "app:{report}:released");
         assert_eq!(k.name(), "report");
     }

@@ -1,19 +1,24 @@
 -- Acquire, or re-enter, a reentrant lock.
 --
--- KEYS[1]  lock hash       P:{N}        field = owner id, value = hold count
--- KEYS[2]  fence counter   P:{N}:fence  string, no TTL
--- KEYS[3]  turn queue      P:{N}:queue  zset of client ids with waiters, oldest turn first
+-- KEYS[1]  lock hash       P:{N}        field owner id = hold count, field ~fence = token
+-- KEYS[2]  fence counter   P:fence      string, no TTL, shared by every lock of the prefix
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  client id when the caller is a subscribed waiter, '' otherwise (try_lock)
+--
+-- A subscribed waiter (the `lock` and `try_lock_for` family) adds:
+-- KEYS[3]  turn queue      P:{N}:queue  zset of client ids with waiters, oldest turn first
+-- ARGV[3]  the waiter's client id
 -- ARGV[4]  '1' when that client has other waiters on this lock
 -- ARGV[5]  release channel  P:{N}:released
--- ARGV[6]  publish command  PUBLISH (SPUBLISH on Cluster)
+--
+-- A plain try (try_lock) sends only the first two keys and arguments: every argument costs
+-- encoding on the client and a Lua string on the server, on the hottest path there is.
 --
 -- Replies:
---   {1, hold_count, fence}  granted. hold_count 1 is a new grant and raised the fence to
---                           max(stored + 1, server TIME in microseconds); a re-entry returns the
---                           current fence unchanged and never shortens the remaining lease.
+--   {1, hold_count, fence}  granted. hold_count 1 is a new grant: it raised the counter to
+--                           max(stored + 1, server TIME in microseconds) and keeps that token in
+--                           the hash; a re-entry returns the grant's token unchanged and never
+--                           shortens the remaining lease.
 --   {0, pttl}               held by another owner; pttl is its remaining lease in ms (-1: no TTL).
 --                           A waiter's client joins the turn queue (keeping its place if queued);
 --                           a lock reserved for another client's turn answers with the lease
@@ -23,7 +28,7 @@
 -- This is the hot path: every command here costs server CPU on each acquire, so the script
 -- uses the fewest that do the job (PTTL doubles as the existence check).
 local pttl = redis.call('PTTL', KEYS[1])
-local waiter = ARGV[3]
+local waiter = ARGV[3] or ''
 
 -- TIME as text: "seconds" .. zero-padded microseconds, with `sep` between them.
 local function now(sep)
@@ -43,7 +48,7 @@ local function turn_taken()
     redis.call('ZREM', KEYS[3], waiter)
   end
   if redis.call('EXISTS', KEYS[3]) == 1 then
-    redis.call(ARGV[6], ARGV[5], '-')
+    redis.call('PUBLISH', ARGV[5], '-')
   end
 end
 
@@ -57,22 +62,24 @@ end
 if pttl == -2 then
   -- The fence must keep rising even when Redis lost the counter (restart without persistence,
   -- failover before replication): server time in microseconds is a floor that only moves
-  -- forward as long as the server clock does.
-  local stored = redis.pcall('GET', KEYS[2])
+  -- forward as long as the server clock does. One command reads the stored fence and writes
+  -- that floor; only when the stored value is ahead (the clock stepped back, or two grants in
+  -- one microsecond) is it written again.
+  local now_us = now('')
+  local stored = redis.pcall('SET', KEYS[2], now_us, 'GET')
   if type(stored) == 'table' and stored.err then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
   end
-  local now_us = now('')
-  local fence
-  if stored and tonumber(stored) >= tonumber(now_us) then
+  local fence, token = tonumber(now_us), now_us
+  if stored and tonumber(stored) >= fence then
+    -- Tokens go to Redis as text: Lua would send a number as "%.14g" and drop digits.
+    redis.call('SET', KEYS[2], stored)
     fence = redis.call('INCR', KEYS[2])
-  else
-    redis.call('SET', KEYS[2], now_us)
-    fence = tonumber(now_us)
+    token = string.format('%d', fence)
   end
   -- Queue first: a foreign-typed queue key fails the script here, before any hold exists.
   turn_taken()
-  redis.call('HSET', KEYS[1], ARGV[1], 1)
+  redis.call('HSET', KEYS[1], ARGV[1], 1, '~fence', token)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, 1, fence}
 end
@@ -85,7 +92,7 @@ if held == 1 then
   if pttl < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
-  return {1, count, tonumber(redis.call('GET', KEYS[2]) or '0') or 0}
+  return {1, count, tonumber(redis.call('HGET', KEYS[1], '~fence') or '0') or 0}
 end
 if waiter ~= '' then
   redis.call('ZADD', KEYS[3], 'NX', now('.'), waiter)

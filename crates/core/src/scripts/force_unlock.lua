@@ -2,7 +2,6 @@
 --
 -- KEYS[1]  lock hash  P:{N}
 -- ARGV[1]  release channel  P:{N}:released
--- ARGV[2]  publish command  PUBLISH (SPUBLISH on Cluster)
 --
 -- Replies: 1 a lock was removed (and '*' published: one waiter per client wakes); 0 there was
 -- none.
@@ -14,6 +13,6 @@ end
 if kind ~= 'hash' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a lock')
 end
-redis.call(ARGV[2], ARGV[1], '*')
+redis.call('PUBLISH', ARGV[1], '*')
 redis.call('DEL', KEYS[1])
 return 1

@@ -8,7 +8,6 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  the hold count the unanswered acquire would have produced
 -- ARGV[3]  release channel  P:{N}:released
--- ARGV[4]  publish command  PUBLISH (SPUBLISH on Cluster)
 --
 -- Replies: 1 one hold taken back, 0 nothing to undo. Taking back the last hold frees the lock
 -- and publishes '*' (one waiter per client wakes).
@@ -23,6 +22,6 @@ if count > 1 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
   return 1
 end
-redis.call(ARGV[4], ARGV[3], '*')
+redis.call('PUBLISH', ARGV[3], '*')
 redis.call('DEL', KEYS[1])
 return 1
