@@ -80,20 +80,24 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     lease_ms: u64,
     waiter: Option<Waiter<'_>>,
 ) -> Result<Acquire, FredError> {
-    let mut key_list = Vec::with_capacity(3);
-    key_list.push(Key::from(keys.hash_str()));
-    key_list.push(Key::from(keys.fence_str()));
-    let mut args = Vec::with_capacity(5);
-    args.push(Value::from(owner.id_str().clone()));
-    args.push(Value::from(lease_ms as i64));
-    // A plain try sends only what the grant needs (see the script's header).
-    if let Some(w) = waiter {
-        key_list.push(Key::from(keys.queue_str()));
-        args.push(Value::from(w.client));
-        args.push(Value::from(if w.more { "1" } else { "0" }));
-        args.push(Value::from(keys.released_str().clone()));
-    }
-    let reply: Value = ACQUIRE.call(client, key_list, args).await?;
+    let reply: Value = ACQUIRE
+        .call_with(client, || {
+            let mut key_list = Vec::with_capacity(3);
+            key_list.push(Key::from(keys.hash_str()));
+            key_list.push(Key::from(keys.fence_str()));
+            let mut args = Vec::with_capacity(5);
+            args.push(Value::from(owner.id_str().clone()));
+            args.push(Value::from(lease_ms as i64));
+            // A plain try sends only what the grant needs (see the script's header).
+            if let Some(w) = &waiter {
+                key_list.push(Key::from(keys.queue_str()));
+                args.push(Value::from(w.client));
+                args.push(Value::from(if w.more { "1" } else { "0" }));
+                args.push(Value::from(keys.released_str().clone()));
+            }
+            (key_list.into(), Value::Array(args))
+        })
+        .await?;
     let Value::Array(values) = &reply else {
         return Err(parse_error("acquire", &reply));
     };
@@ -120,14 +124,15 @@ pub async fn release<C: LuaInterface + Send + Sync>(
     owner: &Owner,
 ) -> Result<Release, FredError> {
     let reply: Value = RELEASE
-        .call(
-            client,
-            vec![Key::from(keys.hash_str()), Key::from(keys.queue_str())],
-            vec![
-                Value::from(owner.id_str().clone()),
-                Value::from(keys.released_str().clone()),
-            ],
-        )
+        .call_with(client, || {
+            (
+                vec![Key::from(keys.hash_str()), Key::from(keys.queue_str())].into(),
+                Value::Array(vec![
+                    Value::from(owner.id_str().clone()),
+                    Value::from(keys.released_str().clone()),
+                ]),
+            )
+        })
         .await?;
     parse_release("release", reply)
 }

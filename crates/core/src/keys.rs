@@ -108,7 +108,7 @@ pub struct LockKeys(Arc<KeyStrings>);
 
 #[derive(Debug)]
 struct KeyStrings {
-    name: String,
+    name: Str,
     hash: Str,
     fence: Str,
     released: Str,
@@ -149,6 +149,7 @@ impl LockKeys {
     /// assert_eq!(tagged.hash(), "leasehold:order:{42}:pay");
     /// ```
     pub fn new(prefix: &Prefix, name: &str) -> Result<LockKeys> {
+        let prefix_fence = &prefix.fence;
         if name.is_empty() {
             return Err(LockError::InvalidArgument("lock name is empty".into()));
         }
@@ -163,7 +164,8 @@ impl LockKeys {
                 "lock name {name:?} contains control characters"
             )));
         }
-        let hash = if has_hash_tag(name) {
+        let tagged = has_hash_tag(name);
+        if tagged {
             if RESERVED_SUFFIXES
                 .iter()
                 .any(|suffix| name.ends_with(suffix))
@@ -173,18 +175,37 @@ impl LockKeys {
                      ({RESERVED_SUFFIXES:?}); pick another name"
                 )));
             }
-            format!("{prefix}:{name}")
         } else if name.contains(['{', '}']) {
             return Err(LockError::InvalidArgument(format!(
                 "lock name {name:?} has braces that do not form a Redis Cluster hash tag \
                  ({{tag}} with at least one character inside)"
             )));
-        } else {
-            format!("{prefix}:{{{name}}}")
+        }
+        // One buffer holds the name and the lock's three strings, each a slice of it: one
+        // allocation per lock handle (locks on fresh names make one per operation), and no copy
+        // when a slice goes into a command.
+        let prefix = prefix.as_str();
+        let hash_len = prefix.len() + 1 + name.len() + if tagged { 0 } else { 2 };
+        let suffixes = [":released", ":queue"];
+        let mut all = String::with_capacity(name.len() + 3 * hash_len + 15);
+        all.push_str(name);
+        let push_hash = |all: &mut String| {
+            all.push_str(prefix);
+            all.push(':');
+            if tagged {
+                all.push_str(name);
+            } else {
+                all.push('{');
+                all.push_str(name);
+                all.push('}');
+            }
         };
-        // One buffer holds the lock's three strings; each is a slice of it (one allocation, and
-        // no copy when a slice goes into a command).
-        let all = bytes::Bytes::from(format!("{hash}{hash}:released{hash}:queue"));
+        push_hash(&mut all);
+        for suffix in suffixes {
+            push_hash(&mut all);
+            all.push_str(suffix);
+        }
+        let all = bytes::Bytes::from(all);
         let mut at = 0;
         let mut next = |len: usize| {
             let slice = Str::from_inner(all.slice(at..at + len))
@@ -192,17 +213,12 @@ impl LockKeys {
             at += len;
             slice
         };
-        let (h, r, q) = (
-            next(hash.len()),
-            next(hash.len() + ":released".len()),
-            next(hash.len() + ":queue".len()),
-        );
         Ok(LockKeys(Arc::new(KeyStrings {
-            name: name.to_string(),
-            hash: h,
-            fence: prefix.fence.clone(),
-            released: r,
-            queue: q,
+            name: next(name.len()),
+            hash: next(hash_len),
+            released: next(hash_len + suffixes[0].len()),
+            queue: next(hash_len + suffixes[1].len()),
+            fence: prefix_fence.clone(),
         })))
     }
 

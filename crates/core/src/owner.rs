@@ -36,22 +36,40 @@ impl ClientId {
     }
 
     /// The owner of the current tokio task, or of the current thread outside any task.
+    ///
+    /// Called on every acquire, so the id is written into a stack buffer and copied into one
+    /// exact-size allocation.
     pub fn current_owner(&self) -> Owner {
-        let local = match tokio::task::try_id() {
-            Some(id) => format!("t{id}"),
+        match tokio::task::try_id() {
+            Some(id) => self.owner(format_args!("t{id}")),
             None => {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 std::thread::current().id().hash(&mut h);
-                format!("h{:x}", h.finish())
+                self.owner(format_args!("h{:x}", h.finish()))
             }
-        };
-        Owner::from_parts(&self.uuid, &local)
+        }
     }
 
     /// A fresh explicit owner, distinct from every task owner and every other explicit owner.
     pub fn new_owner(&self) -> Owner {
         let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
-        Owner::from_parts(&self.uuid, &format!("o{n}"))
+        self.owner(format_args!("o{n}"))
+    }
+
+    /// `<uuid>:<local>`. Local ids are a letter and a u64 (at most 21 bytes), so the id fits
+    /// the buffer; a longer one would still be written whole, through a String.
+    fn owner(&self, local: fmt::Arguments<'_>) -> Owner {
+        use std::io::Write;
+        let mut buf = [0u8; 64];
+        let mut rest = &mut buf[..];
+        if write!(rest, "{}:{local}", self.uuid).is_ok() {
+            let len = 64 - rest.len();
+            return Owner(
+                Str::from_inner(bytes::Bytes::copy_from_slice(&buf[..len]))
+                    .expect("written from str"),
+            );
+        }
+        Owner(format!("{}:{local}", self.uuid).into())
     }
 }
 
@@ -63,10 +81,6 @@ impl ClientId {
 pub struct Owner(Str);
 
 impl Owner {
-    fn from_parts(client: &str, local: &str) -> Owner {
-        Owner(format!("{client}:{local}").into())
-    }
-
     /// Wraps an owner id read back from Redis (for inspection tools).
     pub fn from_id(id: impl Into<String>) -> Owner {
         Owner(id.into().into())

@@ -44,6 +44,28 @@ impl LuaScript {
         &self.sha1
     }
 
+    /// Runs the script with EVALSHA, loading it first when Redis answers NOSCRIPT; `build`
+    /// makes the keys and arguments, and is called again only for that resend.
+    ///
+    /// The hot paths use this form: keeping a copy of the keys and arguments for a resend that
+    /// almost never happens (scripts are preloaded at connect) cost two allocations per call.
+    pub async fn call_with<R, C, F>(&self, client: &C, build: F) -> Result<R, FredError>
+    where
+        R: FromValue,
+        C: LuaInterface + Send + Sync,
+        F: Fn() -> (MultipleKeys, MultipleValues) + Send,
+    {
+        let (keys, args) = build();
+        match client.evalsha(self.sha1.clone(), keys, args).await {
+            Err(error) if error.details().starts_with("NOSCRIPT") => {
+                client.script_load::<(), _>(self.lua).await?;
+                let (keys, args) = build();
+                client.evalsha(self.sha1.clone(), keys, args).await
+            }
+            result => result,
+        }
+    }
+
     /// Runs the script with EVALSHA, loading it first when Redis answers NOSCRIPT.
     pub async fn call<R, C, K, V>(&self, client: &C, keys: K, args: V) -> Result<R, FredError>
     where
