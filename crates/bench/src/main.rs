@@ -7,6 +7,7 @@
 
 mod crash;
 mod handoff;
+mod placement;
 mod plot;
 mod redis_stats;
 mod report;
@@ -48,6 +49,9 @@ struct Args {
     /// Holds kept by one client in the watchdog scenario.
     #[arg(long, default_value_t = 10_000)]
     holds: usize,
+    /// Do not pin redis-server and the benchmark to separate CPUs (see placement.rs).
+    #[arg(long)]
+    no_pin: bool,
     /// Run only these scenarios (comma-separated: uncontended, handoff, crash, watchdog).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -106,22 +110,23 @@ impl Plan {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
     if let Some(Command::Hold {
         url,
         name,
         lease_ms,
     }) = args.command
     {
-        return runtime.block_on(crash::hold(&url, &name, lease_ms));
+        return runtime()?.block_on(crash::hold(&url, &name, lease_ms));
     }
     let plan = Plan::new(args.quick);
-    let server = match std::env::var("REDIS_URL") {
-        Ok(_) => None,
-        Err(_) => Some(leasehold_testkit::RedisServer::start()?),
-    };
+    // Before the runtime: its threads inherit the placement.
+    let (server, placement) = placement::start_redis(!args.no_pin)?;
+    let runtime = runtime()?;
     let url =
         std::env::var("REDIS_URL").unwrap_or_else(|_| server.as_ref().expect("spawned").url());
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
@@ -167,7 +172,7 @@ fn main() -> anyhow::Result<()> {
         admin.flush().await?;
         anyhow::Ok(())
     })?;
-    report::print_table(&results, args.quick);
+    report::print_table(&results, args.quick, &placement);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&results.to_json())?)?;
         println!("wrote {}", path.display());

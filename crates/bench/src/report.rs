@@ -4,6 +4,7 @@ use serde_json::{json, Value};
 
 use crate::crash::CrashRecovery;
 use crate::handoff::{Handoff, Kind};
+use crate::placement::Placement;
 use crate::uncontended::Uncontended;
 use crate::watchdog::WatchdogRun;
 
@@ -40,9 +41,9 @@ impl Results {
     }
 }
 
-pub(crate) fn print_table(results: &Results, quick: bool) {
+pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement) {
     println!(
-        "leasehold-bench ({} run)",
+        "leasehold-bench ({} run; {placement})",
         if quick { "quick" } else { "full" }
     );
     for (label, run) in [
@@ -55,11 +56,12 @@ pub(crate) fn print_table(results: &Results, quick: bool) {
                 u.tasks, u.pairs_per_sec, u.baseline_calls_per_sec, u.ratio_to_limit
             );
             println!(
-                "{:<24} client cpu/pair={:.1}us (baseline call {:.1}us)  allocations/pair={:.1}  redis cpu/script={:.1}us (trivial {:.1}us)",
+                "{:<24} client cpu/pair={:.1}us (baseline call {:.1}us)  allocations/pair={:.1} (baseline call {:.1})  redis cpu/script={:.1}us (trivial {:.1}us)",
                 "",
                 u.client_cpu_us_per_pair,
                 u.client_cpu_us_per_call,
                 u.allocs_per_pair,
+                u.allocs_per_call,
                 u.server_us_per_script,
                 u.server_us_per_trivial
             );

@@ -29,6 +29,9 @@ pub(crate) struct Uncontended {
     /// Heap allocations per pair (table only).
     #[serde(skip)]
     pub(crate) allocs_per_pair: f64,
+    /// Heap allocations per baseline call (table only).
+    #[serde(skip)]
+    pub(crate) allocs_per_call: f64,
     /// Client-side cost of one baseline EVALSHA (table only).
     #[serde(skip)]
     pub(crate) client_cpu_us_per_call: f64,
@@ -60,13 +63,15 @@ pub(crate) async fn run(
     let (mut pairs, mut calls) = (0u64, 0u64);
     let (mut pair_time, mut call_time) = (Duration::ZERO, Duration::ZERO);
     let (mut pair_cpu, mut call_cpu) = (Duration::ZERO, Duration::ZERO);
-    let mut pair_allocs = 0usize;
+    let (mut pair_allocs, mut call_allocs) = (0usize, 0usize);
     let (mut script_usec, mut trivial_usec) = (0.0, 0.0);
     for round in 0..rounds {
         admin.reset_stats().await?;
         let started = Instant::now();
         let cpu = ProcessTime::now();
+        let region = Region::new(allocator);
         calls += baseline(&client, &trivial, tasks, slice).await?;
+        call_allocs += region.change().allocations;
         call_cpu += cpu.elapsed();
         call_time += started.elapsed();
         trivial_usec += admin.usec_per_call("evalsha").await? / rounds as f64;
@@ -89,6 +94,7 @@ pub(crate) async fn run(
         ratio_to_limit: 2.0 * pairs_per_sec / baseline_calls_per_sec,
         client_cpu_us_per_pair: pair_cpu.as_secs_f64() * 1e6 / pairs.max(1) as f64,
         allocs_per_pair: pair_allocs as f64 / pairs.max(1) as f64,
+        allocs_per_call: call_allocs as f64 / calls.max(1) as f64,
         client_cpu_us_per_call: call_cpu.as_secs_f64() * 1e6 / calls.max(1) as f64,
         server_us_per_script: script_usec,
         server_us_per_trivial: trivial_usec,
