@@ -57,8 +57,15 @@ fn parse_error(script: &str, value: &Value) -> FredError {
     )
 }
 
+/// An integer reply element; scripts may also answer decimal text (fencing tokens).
 fn int_at(values: &[Value], i: usize) -> Option<i64> {
-    values.get(i).and_then(Value::as_i64)
+    let value = values.get(i)?;
+    value.as_i64().or_else(|| {
+        value
+            .as_bytes()
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|s| s.parse().ok())
+    })
 }
 
 /// A subscribed waiter's place in the turn queue (see `scripts/acquire.lua`).
@@ -98,20 +105,28 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
             (key_list.into(), Value::Array(args))
         })
         .await?;
-    let Value::Array(values) = &reply else {
-        return Err(parse_error("acquire", &reply));
-    };
-    match (int_at(values, 0), int_at(values, 1), int_at(values, 2)) {
-        // A re-entry reports fence 0 only if someone deleted the fence key under a live lock;
-        // the hold is real, so it is returned (a fenced store refuses token 0 anyway).
-        (Some(1), Some(count), Some(fence)) if count > 0 && (fence > 0 || count > 1) => {
-            Ok(Acquire::Granted {
-                hold_count: count as u64,
-                fence: FencingToken::new(fence as u64),
-            })
+    let values = match &reply {
+        Value::Array(values) => values,
+        // A new grant answers its token alone.
+        scalar => {
+            return match int_at(std::slice::from_ref(scalar), 0) {
+                Some(fence) if fence > 0 => Ok(Acquire::Granted {
+                    hold_count: 1,
+                    fence: FencingToken::new(fence as u64),
+                }),
+                _ => Err(parse_error("acquire", &reply)),
+            };
         }
-        (Some(0), Some(pttl), _) => Ok(Acquire::Held {
+    };
+    match (int_at(values, 0), int_at(values, 1)) {
+        (Some(0), Some(pttl)) => Ok(Acquire::Held {
             ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+        }),
+        // A re-entry reports fence 0 only if someone removed the hash's `~fence` under a live
+        // lock; the hold is real, so it is returned (a fenced store refuses token 0 anyway).
+        (Some(count), Some(fence)) if count > 1 && fence >= 0 => Ok(Acquire::Granted {
+            hold_count: count as u64,
+            fence: FencingToken::new(fence as u64),
         }),
         _ => Err(parse_error("acquire", &reply)),
     }
@@ -156,14 +171,11 @@ pub async fn release_after<C: LuaInterface + Send + Sync>(
 }
 
 fn parse_release(script: &str, reply: Value) -> Result<Release, FredError> {
-    let Value::Array(values) = &reply else {
-        return Err(parse_error(script, &reply));
-    };
-    match (int_at(values, 0), int_at(values, 1)) {
-        (Some(1), Some(remaining)) if remaining >= 0 => Ok(Release::Released {
+    match reply.as_i64() {
+        Some(-1) => Ok(Release::NotHeld),
+        Some(remaining) if remaining >= 0 => Ok(Release::Released {
             remaining: remaining as u64,
         }),
-        (Some(0), _) => Ok(Release::NotHeld),
         _ => Err(parse_error(script, &reply)),
     }
 }
@@ -251,7 +263,10 @@ mod tests {
 
     #[test]
     fn release_script_reserves_turns_for_turn_grace() {
-        let pexpire = format!("redis.call('PEXPIRE', KEYS[1], {})", TURN_GRACE.as_millis());
+        let pexpire = format!(
+            "redis.call('PEXPIRE', KEYS[1], '{}')",
+            TURN_GRACE.as_millis()
+        );
         assert!(
             RELEASE.lua().contains(&pexpire),
             "release.lua must use TURN_GRACE"

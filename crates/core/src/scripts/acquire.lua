@@ -14,10 +14,11 @@
 -- A plain try (try_lock) sends only the first two keys and arguments: every argument costs
 -- encoding on the client and a Lua string on the server, on the hottest path there is.
 --
--- Replies:
---   {1, hold_count, fence}  granted. hold_count 1 is a new grant: it raised the counter to
---                           max(stored + 1, server TIME in microseconds) and keeps that token in
---                           the hash; a re-entry returns the grant's token unchanged and never
+-- Replies (the common one is a bare value: no reply table to build on either side):
+--   fence                   a new grant (hold count 1), its fencing token as decimal text (or an
+--                           integer): the counter was raised to max(stored + 1, server TIME in
+--                           microseconds), and the hash keeps the token for re-entries.
+--   {hold_count, fence}     a re-entry (hold_count >= 2); the grant's token, unchanged. It never
 --                           shortens the remaining lease.
 --   {0, pttl}               held by another owner; pttl is its remaining lease in ms (-1: no TTL).
 --                           A waiter's client joins the turn queue (keeping its place if queued);
@@ -26,35 +27,14 @@
 --   error WRONGTYPE         a key of another type sits where the lock's keys belong.
 --
 -- This is the hot path: every command here costs server CPU on each acquire, so the script
--- uses the fewest that do the job (PTTL doubles as the existence check).
+-- uses the fewest that do the job (PTTL doubles as the existence check), and the plain try
+-- creates no Lua closures or numbers (an instruction count of the server showed both).
 local pttl = redis.call('PTTL', KEYS[1])
-local waiter = ARGV[3] or ''
-
--- TIME as text: "seconds" .. zero-padded microseconds, with `sep` between them.
-local function now(sep)
-  local t = redis.call('TIME')
-  return t[1] .. sep .. string.sub('000000', #t[2] + 1) .. t[2]
-end
-
--- A waiter got the lock: its client leaves the queue, or goes to the back when it has more
--- waiters; the other clients hear the turn was taken and stop their fallback timers.
-local function turn_taken()
-  if waiter == '' then
-    return
-  end
-  if ARGV[4] == '1' then
-    redis.call('ZADD', KEYS[3], now('.'), waiter)
-  else
-    redis.call('ZREM', KEYS[3], waiter)
-  end
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    redis.call('PUBLISH', ARGV[5], '-')
-  end
-end
+local waiter = ARGV[3]
 
 -- A release may have reserved the lock for one client's turn ('~turn:<client id>' is then the
 -- hash's only field, for a short grace period): that client's waiter takes it over.
-if pttl ~= -2 and waiter ~= '' and redis.call('HEXISTS', KEYS[1], '~turn:' .. waiter) == 1 then
+if waiter and pttl ~= -2 and redis.call('HEXISTS', KEYS[1], '~turn:' .. waiter) == 1 then
   redis.call('DEL', KEYS[1])
   pttl = -2
 end
@@ -65,23 +45,36 @@ if pttl == -2 then
   -- forward as long as the server clock does. One command reads the stored fence and writes
   -- that floor; only when the stored value is ahead (the clock stepped back, or two grants in
   -- one microsecond) is it written again.
-  local now_us = now('')
-  local stored = redis.pcall('SET', KEYS[2], now_us, 'GET')
+  local t = redis.call('TIME')
+  local now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
+  local fence = now
+  local stored = redis.pcall('SET', KEYS[2], now, 'GET')
   if type(stored) == 'table' and stored.err then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
   end
-  local fence, token = tonumber(now_us), now_us
-  if stored and tonumber(stored) >= fence then
-    -- Tokens go to Redis as text: Lua would send a number as "%.14g" and drop digits.
+  -- Tokens stay decimal text: without leading zeros, a longer number is larger, and at equal
+  -- length text order is number order.
+  if stored and (#stored > #now or (#stored == #now and stored >= now)) then
     redis.call('SET', KEYS[2], stored)
     fence = redis.call('INCR', KEYS[2])
-    token = string.format('%d', fence)
   end
-  -- Queue first: a foreign-typed queue key fails the script here, before any hold exists.
-  turn_taken()
-  redis.call('HSET', KEYS[1], ARGV[1], 1, '~fence', token)
+  if waiter then
+    -- A waiter got the lock: its client leaves the queue, or goes to the back when it has
+    -- more waiters (scores are microseconds); the other clients hear the turn was taken and
+    -- stop their fallback timers. Queue first: a foreign-typed queue key fails the script
+    -- here, before any hold exists.
+    if ARGV[4] == '1' then
+      redis.call('ZADD', KEYS[3], now, waiter)
+    else
+      redis.call('ZREM', KEYS[3], waiter)
+    end
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+      redis.call('PUBLISH', ARGV[5], '-')
+    end
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], '1', '~fence', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, 1, fence}
+  return fence
 end
 local held = redis.pcall('HEXISTS', KEYS[1], ARGV[1])
 if type(held) == 'table' then
@@ -92,10 +85,11 @@ if held == 1 then
   if pttl < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
-  return {1, count, tonumber(redis.call('HGET', KEYS[1], '~fence') or '0') or 0}
+  return {count, redis.call('HGET', KEYS[1], '~fence') or '0'}
 end
-if waiter ~= '' then
-  redis.call('ZADD', KEYS[3], 'NX', now('.'), waiter)
+if waiter then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[3], 'NX', t[1] .. string.sub('000000', #t[2] + 1) .. t[2], waiter)
   -- Entries live while someone could still be waiting; a dead client's entry is popped by the
   -- next release or expires with the queue.
   local lease = tonumber(ARGV[2])

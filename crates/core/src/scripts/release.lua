@@ -8,36 +8,41 @@
 -- The turn grace (25 ms, `TURN_GRACE` in commands.rs, which a test keeps equal) is written
 -- here rather than sent: arguments cost on the hottest path.
 --
--- Replies:
---   {1, remaining}  one hold released; remaining 0 means the last hold is gone and the release
---                   was published. With clients queued, the lock is reserved for the head's
+-- Replies (a bare integer: no reply table to build on either side):
+--   remaining >= 0  one hold released; 0 means the last hold is gone and the release was
+--                   published. With clients queued, the lock is reserved for the head's
 --                   turn for the grace period ('~turn:<client id>' as the only field) and the
 --                   message names that client: another process releasing and asking again at
 --                   once cannot barge in ahead of waiters. With nobody queued the lock is free
 --                   and the message is '*' (one waiter per client wakes).
---   {0}             the owner holds nothing here (wrong owner, expired, double unlock); nothing
+--   -1              the owner holds nothing here (wrong owner, expired, double unlock); nothing
 --                   changed.
 --   error WRONGTYPE the key holds another type.
 --
--- An exclusive lock's hash has exactly one field (its owner), so the last hold deletes the key.
+-- An exclusive lock's hash has one owner (besides its '~fence'), so the last hold deletes the
+-- key.
 -- The message goes out before the delete: if the ACL refuses the channel, nothing is released.
 local count = redis.pcall('HGET', KEYS[1], ARGV[1])
 if type(count) == 'table' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock')
 end
 if not count then
-  return {0}
+  return -1
 end
-if tonumber(count) > 1 then
-  return {1, redis.call('HINCRBY', KEYS[1], ARGV[1], -1)}
+-- Counts are written by HSET '1' and HINCRBY, so they are canonical decimal text.
+if count ~= '1' then
+  return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 end
 -- pcall: a foreign key where the queue belongs must not stop a release; it is then ignored.
-local popped = redis.pcall('ZPOPMIN', KEYS[2])
-local head = type(popped) == 'table' and not popped.err and popped[1] or nil
+local head
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local popped = redis.pcall('ZPOPMIN', KEYS[2])
+  head = type(popped) == 'table' and not popped.err and popped[1] or nil
+end
 redis.call('PUBLISH', ARGV[2], head or '*')
 redis.call('DEL', KEYS[1])
 if head then
-  redis.call('HSET', KEYS[1], '~turn:' .. head, 0)
-  redis.call('PEXPIRE', KEYS[1], 25)
+  redis.call('HSET', KEYS[1], '~turn:' .. head, '0')
+  redis.call('PEXPIRE', KEYS[1], '25')
 end
-return {1, 0}
+return 0
