@@ -189,8 +189,9 @@ pub const LATE_WRITES: &str = "exclusion: writes landing after the writer's leas
 pub const ORPHANED: &str =
     "release: acquires that re-entered a hold their owner had let go of (unlock left it held)";
 pub const STUCK: &str = "liveness: waiters that never progressed after faults healed";
-pub const KEYS_LEFT: &str = "cleanup: keys left after every TTL ran out (fence keys excluded)";
-pub const KEYS_NO_TTL: &str = "cleanup: keys without a TTL (fence keys excluded)";
+pub const KEYS_LEFT: &str =
+    "cleanup: keys left after every TTL ran out (the fencing counter excluded)";
+pub const KEYS_NO_TTL: &str = "cleanup: keys without a TTL (the fencing counter excluded)";
 pub const CHANNELS_LEFT: &str = "cleanup: subscriptions left after the clients drained";
 pub const LOCAL_LEFT: &str =
     "cleanup: waiters, subscriptions or holds still registered in a client";
