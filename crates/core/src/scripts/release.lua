@@ -20,8 +20,8 @@
 --   error WRONGTYPE the key holds another type.
 --
 -- An exclusive lock's hash has one owner (besides its '~fence'), so the last hold deletes the
--- key.
--- The message goes out before the delete: if the ACL refuses the channel, nothing is released.
+-- key. The message goes out before the delete: if the ACL refuses the channel, nothing is
+-- released.
 local count = redis.pcall('HGET', KEYS[1], ARGV[1])
 if type(count) == 'table' then
   return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock')
@@ -33,7 +33,8 @@ end
 if count ~= '1' then
   return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 end
--- pcall: a foreign key where the queue belongs must not stop a release; it is then ignored.
+-- EXISTS first: with nobody queued (the uncontended case) ZPOPMIN's empty reply table is not
+-- built. pcall: a foreign key where the queue belongs must not stop a release; it is ignored.
 local head
 if redis.call('EXISTS', KEYS[2]) == 1 then
   local popped = redis.pcall('ZPOPMIN', KEYS[2])
