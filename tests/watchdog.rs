@@ -65,6 +65,35 @@ async fn a_job_longer_than_the_lease_keeps_the_lock() {
     assert_eq!(holder.watchdog_stats().holds, 0);
 }
 
+/// A watched hold re-entered with a longer explicit lease keeps that lease: renewals of the
+/// watched hold never shorten the key's TTL below what the explicit guard was promised.
+#[tokio::test]
+async fn renewals_never_shorten_a_longer_explicit_reentry() {
+    let redis = server();
+    let client = client_with_lease(&redis.url(), LEASE).await;
+    let lock = client.lock("mixed").unwrap();
+    let watched = lock.lock().await.unwrap();
+    let explicit = lock
+        .lock_with_lease(Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(explicit.hold_count(), 2);
+    let renewed = client.watchdog_stats().renewed;
+    assert!(
+        common::eventually(Duration::from_secs(30), || client.watchdog_stats().renewed
+            > renewed)
+        .await,
+        "the watched hold was renewed"
+    );
+    let ttl = pttl(&redis, "leasehold:{mixed}");
+    assert!(
+        ttl > 60_000,
+        "a renewal cut the 10 min explicit lease to {ttl} ms"
+    );
+    explicit.unlock().await.unwrap();
+    watched.unlock().await.unwrap();
+}
+
 #[tokio::test]
 async fn an_explicit_lease_is_never_renewed() {
     let redis = server();
