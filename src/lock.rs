@@ -377,14 +377,6 @@ impl Lock {
         if !self.client.settled(&self.keys, owner, timeout).await {
             return Err(LockError::Timeout(timeout));
         }
-        let mut pending = PendingAcquire {
-            client: &self.client,
-            keys: &self.keys,
-            owner,
-            expected_count: self.client.local_holds(&self.keys, owner) + 1,
-            lease,
-            armed: true,
-        };
         let waiter = match (interest, self.client.notifier_if_started()) {
             (Some(_), Some(notifier)) => Some(commands::Waiter {
                 client: self.client.id.as_str(),
@@ -393,6 +385,16 @@ impl Lock {
             _ => None,
         };
         self.client.ready().await;
+        // Armed only now: dropped while waiting for the connection, nothing was sent and
+        // nothing needs undoing.
+        let mut pending = PendingAcquire {
+            client: &self.client,
+            keys: &self.keys,
+            owner,
+            expected_count: self.client.local_holds(&self.keys, owner) + 1,
+            lease,
+            armed: true,
+        };
         let sent_at = Instant::now();
         let reply =
             commands::acquire(&self.client.redis, &self.keys, owner, lease_ms, waiter).await;

@@ -34,7 +34,7 @@ local waiter = ARGV[3]
 
 -- A release may have reserved the lock for one client's turn ('~turn:<client id>' is then the
 -- hash's only field, for a short grace period): that client's waiter takes it over.
-if waiter and pttl ~= -2 and redis.call('HEXISTS', KEYS[1], '~turn:' .. waiter) == 1 then
+if waiter and pttl ~= -2 and redis.pcall('HEXISTS', KEYS[1], '~turn:' .. waiter) == 1 then
   redis.call('DEL', KEYS[1])
   pttl = -2
 end
