@@ -10,6 +10,7 @@ use leasehold_watchdog::{Hold, LeaseState};
 use tokio::time::Instant;
 
 use crate::client::ClientInner;
+use crate::lock::released;
 
 /// How a hold's lease is kept.
 pub(crate) enum GuardLease {
@@ -212,11 +213,7 @@ impl LockGuard {
         self.forget_lease();
         self.client.ready().await;
         match commands::release_after(&self.client.redis, &self.keys, &self.owner, after_ms).await {
-            Ok(commands::Release::Released { .. }) => Ok(()),
-            Ok(commands::Release::NotHeld) => Err(LockError::NotHeld {
-                name: self.keys.name().to_string(),
-                owner: self.owner.to_string(),
-            }),
+            Ok(reply) => released(&self.keys, &self.owner, reply),
             Err(error) => Err(self.client.map_err(error)),
         }
     }
@@ -267,11 +264,7 @@ impl Release {
     async fn send(self) -> Result<()> {
         self.client.ready().await;
         match commands::release(&self.client.redis, &self.keys, &self.owner).await {
-            Ok(commands::Release::Released { .. }) => Ok(()),
-            Ok(commands::Release::NotHeld) => Err(LockError::NotHeld {
-                name: self.keys.name().to_string(),
-                owner: self.owner.to_string(),
-            }),
+            Ok(reply) => released(&self.keys, &self.owner, reply),
             Err(error) => {
                 let error = self.client.map_err(error);
                 if error.is_transient() {

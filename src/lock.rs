@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{commands, LockError, LockKeys, Owner, Result};
-use leasehold_watchdog::{drift_for, LeaseState};
+use leasehold_watchdog::{valid_until, LeaseState};
 use tokio::time::Instant;
 
 use crate::client::ClientInner;
@@ -223,11 +223,7 @@ impl Lock {
         let owner = self.owner();
         self.client.ready().await;
         match commands::release(&self.client.redis, &self.keys, &owner).await {
-            Ok(commands::Release::Released { .. }) => Ok(()),
-            Ok(commands::Release::NotHeld) => Err(LockError::NotHeld {
-                name: self.keys.name().to_string(),
-                owner: owner.to_string(),
-            }),
+            Ok(reply) => released(&self.keys, &owner, reply),
             Err(error) => Err(self.client.map_err(error)),
         }
     }
@@ -421,9 +417,9 @@ impl Lock {
                     LeaseMode::Watched => {
                         GuardLease::Watched(self.client.watchdog.watch(&self.keys, owner, sent_at))
                     }
-                    LeaseMode::Fixed(lease) => GuardLease::Fixed(Arc::new(LeaseState::new(
-                        sent_at + lease.saturating_sub(drift_for(lease)),
-                    ))),
+                    LeaseMode::Fixed(lease) => {
+                        GuardLease::Fixed(Arc::new(LeaseState::new(valid_until(sent_at, lease))))
+                    }
                 };
                 Ok(Attempt::Granted(LockGuard::new(
                     self.client.clone(),
@@ -436,6 +432,17 @@ impl Lock {
             }
             commands::Acquire::Held { ttl } => Ok(Attempt::Held(ttl)),
         }
+    }
+}
+
+/// A release script's answer as callers see it: `NotHeld` names the lock and the owner.
+pub(crate) fn released(keys: &LockKeys, owner: &Owner, reply: commands::Release) -> Result<()> {
+    match reply {
+        commands::Release::Released { .. } => Ok(()),
+        commands::Release::NotHeld => Err(LockError::NotHeld {
+            name: keys.name().to_string(),
+            owner: owner.to_string(),
+        }),
     }
 }
 

@@ -41,7 +41,9 @@ pub enum Acquire {
 /// The reply of the release script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Release {
-    /// One hold released; `remaining` 0 means the lock is now free (and the release published).
+    /// One hold released; `remaining` 0 means the owner's last hold is gone. After `release`
+    /// the release was published and the lock is free, or reserved for a queued client's turn;
+    /// after `release_after` the lock stays, owned by nobody, until its tail runs out.
     Released {
         /// Holds the owner still has.
         remaining: u64,
@@ -88,7 +90,7 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     waiter: Option<Waiter<'_>>,
 ) -> Result<Acquire, FredError> {
     let reply: Value = ACQUIRE
-        .call_with(client, || {
+        .call(client, || {
             let mut key_list = Vec::with_capacity(3);
             key_list.push(Key::from(keys.hash_str()));
             key_list.push(Key::from(keys.fence_str()));
@@ -139,7 +141,7 @@ pub async fn release<C: LuaInterface + Send + Sync>(
     owner: &Owner,
 ) -> Result<Release, FredError> {
     let reply: Value = RELEASE
-        .call_with(client, || {
+        .call(client, || {
             (
                 vec![Key::from(keys.hash_str()), Key::from(keys.queue_str())].into(),
                 Value::Array(vec![
@@ -161,11 +163,15 @@ pub async fn release_after<C: LuaInterface + Send + Sync>(
     after_ms: u64,
 ) -> Result<Release, FredError> {
     let reply: Value = RELEASE_AFTER
-        .call(
-            client,
-            keys.hash(),
-            vec![Value::from(owner.id()), Value::from(after_ms as i64)],
-        )
+        .call(client, || {
+            (
+                Key::from(keys.hash_str()).into(),
+                Value::Array(vec![
+                    Value::from(owner.id_str().clone()),
+                    Value::from(after_ms as i64),
+                ]),
+            )
+        })
         .await?;
     parse_release("release_after", reply)
 }
@@ -189,15 +195,16 @@ pub async fn rollback<C: LuaInterface + Send + Sync>(
     expected_count: u64,
 ) -> Result<bool, FredError> {
     let undone: i64 = ROLLBACK
-        .call(
-            client,
-            keys.hash(),
-            vec![
-                Value::from(owner.id()),
-                Value::from(expected_count as i64),
-                Value::from(keys.released()),
-            ],
-        )
+        .call(client, || {
+            (
+                Key::from(keys.hash_str()).into(),
+                Value::Array(vec![
+                    Value::from(owner.id_str().clone()),
+                    Value::from(expected_count as i64),
+                    Value::from(keys.released_str().clone()),
+                ]),
+            )
+        })
         .await?;
     Ok(undone == 1)
 }
@@ -214,18 +221,22 @@ pub async fn renew<C: LuaInterface + Send + Sync>(
     if holds.is_empty() {
         return Ok(Vec::new());
     }
-    let keys: Vec<Key> = holds
-        .iter()
-        .map(|(keys, _)| Key::from(keys.hash_str()))
-        .collect();
-    let mut args = Vec::with_capacity(holds.len() + 1);
-    args.push(Value::from(lease_ms as i64));
-    args.extend(
-        holds
-            .iter()
-            .map(|(_, owner)| Value::from(owner.id_str().clone())),
-    );
-    let reply: Value = RENEW.call(client, keys, args).await?;
+    let reply: Value = RENEW
+        .call(client, || {
+            let keys: Vec<Key> = holds
+                .iter()
+                .map(|(keys, _)| Key::from(keys.hash_str()))
+                .collect();
+            let mut args = Vec::with_capacity(holds.len() + 1);
+            args.push(Value::from(lease_ms as i64));
+            args.extend(
+                holds
+                    .iter()
+                    .map(|(_, owner)| Value::from(owner.id_str().clone())),
+            );
+            (keys.into(), Value::Array(args))
+        })
+        .await?;
     match &reply {
         Value::Array(values) if values.len() == holds.len() => {
             Ok(values.iter().map(|v| v.as_i64() == Some(1)).collect())
@@ -251,7 +262,12 @@ pub async fn force_unlock<C: LuaInterface + Send + Sync>(
     keys: &LockKeys,
 ) -> Result<bool, FredError> {
     let removed: i64 = FORCE_UNLOCK
-        .call(client, keys.hash(), vec![keys.released()])
+        .call(client, || {
+            (
+                Key::from(keys.hash_str()).into(),
+                Value::Array(vec![Value::from(keys.released_str().clone())]),
+            )
+        })
         .await?;
     Ok(removed == 1)
 }

@@ -101,7 +101,7 @@ impl fmt::Display for Prefix {
 /// The keys and channel of one lock, derived once when the handle is made.
 ///
 /// Cheap to clone (one reference count), and its strings are fred [`Str`]s, so putting them
-/// into a command copies no bytes: every acquire and release sends three or four of them.
+/// into a command copies no bytes: every acquire and release sends two to four of them.
 /// Equality and hashing use the lock hash key alone (it determines the others).
 #[derive(Clone, Debug)]
 pub struct LockKeys(Arc<KeyStrings>);

@@ -47,9 +47,10 @@ impl LuaScript {
     /// Runs the script with EVALSHA, loading it first when Redis answers NOSCRIPT; `build`
     /// makes the keys and arguments, and is called again only for that resend.
     ///
-    /// The hot paths use this form: keeping a copy of the keys and arguments for a resend that
-    /// almost never happens (scripts are preloaded at connect) cost two allocations per call.
-    pub async fn call_with<R, C, F>(&self, client: &C, build: F) -> Result<R, FredError>
+    /// Keeping a copy of the keys and arguments instead, for a resend that almost never happens
+    /// (scripts are preloaded at connect), cost two allocations per acquire and per release,
+    /// and a copy of up to 1,000 keys per renewal batch.
+    pub async fn call<R, C, F>(&self, client: &C, build: F) -> Result<R, FredError>
     where
         R: FromValue,
         C: LuaInterface + Send + Sync,
@@ -60,31 +61,6 @@ impl LuaScript {
             Err(error) if error.details().starts_with("NOSCRIPT") => {
                 client.script_load::<(), _>(self.lua).await?;
                 let (keys, args) = build();
-                client.evalsha(self.sha1.clone(), keys, args).await
-            }
-            result => result,
-        }
-    }
-
-    /// Runs the script with EVALSHA, loading it first when Redis answers NOSCRIPT.
-    pub async fn call<R, C, K, V>(&self, client: &C, keys: K, args: V) -> Result<R, FredError>
-    where
-        R: FromValue,
-        C: LuaInterface + Send + Sync,
-        K: Into<MultipleKeys> + Send,
-        V: TryInto<MultipleValues> + Send,
-        V::Error: Into<FredError> + Send,
-    {
-        let keys: MultipleKeys = keys.into();
-        let args: MultipleValues = args.try_into().map_err(Into::into)?;
-        // Keys and arguments are shared strings (LockKeys, Owner), so keeping a copy for the
-        // NOSCRIPT resend costs reference counts, not bytes.
-        match client
-            .evalsha(self.sha1.clone(), keys.clone(), args.clone())
-            .await
-        {
-            Err(error) if error.details().starts_with("NOSCRIPT") => {
-                client.script_load::<(), _>(self.lua).await?;
                 client.evalsha(self.sha1.clone(), keys, args).await
             }
             result => result,

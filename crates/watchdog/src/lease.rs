@@ -14,6 +14,12 @@ pub fn drift_for(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
+/// Until when a lease granted (or renewed) by a command sent at `sent_at` is certainly valid
+/// here: the lease minus [`drift_for`] it, measured from the send.
+pub fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
+    sent_at + lease.saturating_sub(drift_for(lease))
+}
+
 /// Whether a hold's lease is still certainly valid, as far as this process can know.
 ///
 /// The deadline is measured from when the acquire (or the last confirmed renewal) was *sent*,

@@ -24,5 +24,5 @@
 mod lease;
 mod service;
 
-pub use lease::{drift_for, LeaseState};
+pub use lease::{drift_for, valid_until, LeaseState};
 pub use service::{Hold, RenewFuture, Renewer, Watchdog, WatchdogConfig, WatchdogStats};

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::lease::{drift_for, LeaseState};
+use crate::lease::{valid_until, LeaseState};
 
 /// The boxed future a [`Renewer`] returns.
 pub type RenewFuture = Pin<Box<dyn Future<Output = Result<Vec<bool>, LockError>> + Send>>;
@@ -242,7 +242,7 @@ impl Watchdog {
     /// its deadline forward.
     pub fn watch(&self, keys: &LockKeys, owner: &Owner, sent_at: Instant) -> Hold {
         let config = &self.shared.config;
-        let valid_until = sent_at + config.lease - drift_for(config.lease);
+        let valid_until = valid_until(sent_at, config.lease);
         let key: HoldKey = (keys.clone(), owner.clone());
         let mut state = self.shared.state.lock();
         if let Some(&slot) = state.index.get(&key) {
@@ -371,7 +371,7 @@ fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<((usize, u64), HoldKe
 /// are marked lost and dropped from the schedule; on error every hold is retried soon.
 fn settle(shared: &Shared, done: BatchResult) {
     let lease = shared.config.lease;
-    let valid_until = done.sent_at + lease - drift_for(lease);
+    let valid_until = valid_until(done.sent_at, lease);
     let mut state = shared.state.lock();
     let outcomes: Vec<Option<bool>> = match &done.result {
         Ok(held) => held.iter().map(|h| Some(*h)).collect(),

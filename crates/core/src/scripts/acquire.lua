@@ -11,7 +11,8 @@
 -- ARGV[4]  '1' when that client has other waiters on this lock
 -- ARGV[5]  release channel  P:{N}:released
 --
--- A plain try (try_lock) sends only the first two keys and arguments: every argument costs
+-- A plain try (try_lock, and a waiter's first try before it subscribed) sends only the first
+-- two keys and arguments: every argument costs
 -- encoding on the client and a Lua string on the server, on the hottest path there is.
 --
 -- Replies (the common one is a bare value: no reply table to build on either side):
