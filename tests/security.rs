@@ -127,7 +127,7 @@ async fn tls_with_a_private_ca_works_for_every_connection() {
     let (redis, port) = tls_server(&ca, dir.path());
     let build = || {
         LockClient::builder_from_config(tls_config(port, &ca))
-            .lease(Duration::from_millis(300))
+            .lease(Duration::from_secs(3))
             .build()
     };
     let holder = build().await.expect("TLS connect with the private CA");
@@ -136,10 +136,13 @@ async fn tls_with_a_private_ca_works_for_every_connection() {
     let lock = waiter.lock("tls").unwrap();
     let waiting = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(10)).await });
     assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 1).await);
-    // Renewed over TLS for a few leases.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Renewed over TLS (every lease/3 = 1 s).
+    assert!(
+        common::eventually(Duration::from_secs(15), || holder.watchdog_stats().renewed
+            >= 1)
+        .await
+    );
     assert!(guard.is_held());
-    assert!(holder.watchdog_stats().renewed >= 1);
     guard.unlock().await.unwrap();
     let handed = waiting
         .await
@@ -248,7 +251,7 @@ async fn connect_as(
         "redis://{user}:{password}@127.0.0.1:{}",
         redis.port()
     ))
-    .lease(Duration::from_millis(300))
+    .lease(Duration::from_secs(3))
     .build()
     .await
 }
@@ -275,8 +278,7 @@ async fn the_documented_acl_rule_allows_every_lock_kind_and_nothing_is_refused()
     assert_eq!(again.hold_count(), 2);
     assert!(lock.is_locked().await.unwrap());
     assert_eq!(lock.hold_count().await.unwrap(), 2);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(a.watchdog_stats().renewed >= 1);
+    assert!(common::eventually(Duration::from_secs(15), || a.watchdog_stats().renewed >= 1).await);
     // A waiter on another client subscribes and queues; one gives up (leaves the queue).
     assert!(b
         .lock("acl")
@@ -609,7 +611,7 @@ fn client_ids_are_random_v4_uuids() {
 async fn guessed_owner_ids_are_refused_by_every_release_path() {
     let redis = common::server();
     let victim = LockClient::builder(&redis.url())
-        .lease(Duration::from_millis(600))
+        .lease(Duration::from_secs(3))
         .build()
         .await
         .unwrap();

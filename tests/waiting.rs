@@ -225,8 +225,17 @@ async fn cancelled_waits_leave_nothing_behind() {
         .filter(|f| f.as_str().is_some_and(|f| !f.starts_with('~')))
         .count();
     assert_eq!(holders, 1, "{fields:?}");
+    // The cancelled waiters' client leaves the turn queue (a ZREM sent from a background task
+    // when the last waiter goes), so the release reserves nothing for it.
+    assert!(
+        common::eventually(Duration::from_secs(10), || !exists(
+            &redis,
+            "leasehold:{cancel}:queue"
+        ))
+        .await,
+        "the client left the queue"
+    );
     guard.unlock().await.unwrap();
-    // The cancelled waiters' client left the turn queue, so nothing is reserved for it.
     assert!(!exists(&redis, "leasehold:{cancel}"));
     assert!(!exists(&redis, "leasehold:{cancel}:queue"));
 }
@@ -337,11 +346,13 @@ async fn a_release_hands_the_turn_to_the_queued_client_not_the_releaser() {
             == Some(1))
         .await
     );
-    guard.unlock().await.unwrap();
     // The release reserved the lock for the queued client's turn (for TURN_GRACE): asking
     // again at once fails. Only "at once" is promised: on a stalled machine the reservation
     // may lapse first, and then the releaser may win, which is not what this test is about.
+    // The clock starts before the release is sent, so a stall anywhere after it only makes
+    // the check skip, never fail.
     let released = Instant::now();
+    guard.unlock().await.unwrap();
     let again = lock.try_lock().await.unwrap();
     if released.elapsed() < leasehold_core::commands::TURN_GRACE {
         assert!(again.is_none(), "the releaser barged in");
