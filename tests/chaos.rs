@@ -180,9 +180,10 @@ async fn after_redis_loses_its_data_tokens_keep_rising_and_fence_the_old_holder(
 /// rollback itself gets no reply, it may never have run: here the rollback script is not loaded
 /// (Redis restarted or SCRIPT FLUSH), its EVALSHA times out before the NOSCRIPT reply, so the
 /// script is never reloaded and the rollback is lost, while the acquire (whose script was
-/// loaded) did run. The owner's next acquire then re-enters that orphaned hold (hold count 2),
-/// and its `unlock()` returns Ok while the lock stays held for a whole lease, or for as long as
-/// the owner keeps re-acquiring it: every other client is locked out.
+/// loaded) did run. Before the fix, the owner's next acquire then re-entered that orphaned hold
+/// (hold count 2), and its `unlock()` returned Ok while the lock stayed held for a whole lease,
+/// or for as long as the owner kept re-acquiring it. Now the rollback is resent until Redis
+/// answers it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphaned_hold_is_not_reentered() {
     let redis = server();
@@ -202,6 +203,16 @@ async fn an_orphaned_hold_is_not_reentered() {
         .unlock()
         .await
         .unwrap();
+    let noscript = || {
+        let info = common::cmd(&redis, &["INFO", "errorstats"])
+            .as_str()
+            .unwrap_or_default();
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_NOSCRIPT:count="))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let noscript_before = noscript();
     proxy.set_latency(Duration::from_millis(400)); // replies come after the command timeout
     assert!(lock.try_lock().await.is_err(), "timed out");
     // The acquire ran; its rollback hit NOSCRIPT after the caller had given up.
@@ -212,8 +223,23 @@ async fn an_orphaned_hold_is_not_reentered() {
         ))
         .await
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Keep the link slow until the rollback has hit NOSCRIPT (Redis counts the error), so its
+    // reply comes back after the client gave up on it.
+    assert!(
+        common::eventually(Duration::from_secs(10), || noscript() > noscript_before).await,
+        "the rollback reached Redis"
+    );
     proxy.set_latency(Duration::ZERO);
+    // The repair keeps resending the rollback until Redis answers: the orphan goes away by
+    // itself (before the fix it stayed, and the owner's next acquire re-entered it).
+    assert!(
+        common::eventually(Duration::from_secs(10), || !common::exists(
+            &redis,
+            "leasehold:{orphan}"
+        ))
+        .await,
+        "the repair rolled the orphaned hold back"
+    );
 
     let guard = lock.try_lock().await.unwrap().expect("the owner gets it");
     assert_eq!(guard.hold_count(), 1, "re-entered an orphaned hold");

@@ -283,7 +283,15 @@ async fn waiters_survive_a_killed_subscriber_connection() {
             guard.unlock().await.unwrap();
         }));
     }
-    assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 4).await);
+    // Waiting for real: subscribed in Redis (waiters() counts from before the SUBSCRIBE) and
+    // queued, so the kill below hits a live subscriber.
+    assert!(
+        common::eventually(Duration::from_secs(10), || waiter.waiters() == 4
+            && numsub(&redis, "leasehold:{pubsub-kill}:released") == 1
+            && cmd(&redis, &["ZCARD", "leasehold:{pubsub-kill}:queue"]).as_int()
+                == Some(1))
+        .await
+    );
     cmd(&redis, &["CLIENT", "KILL", "TYPE", "pubsub"]);
     guard.unlock().await.unwrap();
     let all = async {
