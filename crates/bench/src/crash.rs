@@ -45,6 +45,7 @@ pub(crate) async fn run(url: &str, admin: &Admin, trials: usize) -> anyhow::Resu
         let holder = ChildProcess::spawn(command)?;
         holder.wait_for_line(|l| l.starts_with("LOCKED"), Duration::from_secs(30))?;
         let lock = waiter.lock(&name)?;
+        let key = lock.keys().hash().to_string();
         let waiting = tokio::spawn(async move {
             let guard = lock.lock().await?;
             let acquired = Instant::now();
@@ -54,7 +55,7 @@ pub(crate) async fn run(url: &str, admin: &Admin, trials: usize) -> anyhow::Resu
         // Let the waiter park, then read when the key expires (PTTL, ms resolution).
         tokio::time::sleep(Duration::from_millis(100)).await;
         let asked = Instant::now();
-        let pttl = admin.pttl(&format!("leasehold:{{{name}}}")).await?;
+        let pttl = admin.pttl(&key).await?;
         anyhow::ensure!(pttl > 0, "holder's key has no TTL ({pttl})");
         let expires = asked + Duration::from_millis(pttl as u64);
         holder.kill()?;

@@ -125,10 +125,17 @@ fn main() -> anyhow::Result<()> {
     }
     let plan = Plan::new(args.quick);
     // Before the runtime: its threads inherit the placement.
-    let (server, placement) = placement::start_redis(!args.no_pin)?;
+    // An empty REDIS_URL counts as unset, as in the testkit and the CLI.
+    let external = std::env::var("REDIS_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
+    let (server, placement) = placement::start_redis(external.is_some(), !args.no_pin)?;
     let runtime = runtime()?;
-    let url =
-        std::env::var("REDIS_URL").unwrap_or_else(|_| server.as_ref().expect("spawned").url());
+    let url = match (external, &server) {
+        (Some(url), _) => url,
+        (None, Some(server)) => server.url(),
+        (None, None) => unreachable!("start_redis starts a server when none is named"),
+    };
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     let mut results = report::Results::default();
     runtime.block_on(async {

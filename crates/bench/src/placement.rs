@@ -36,14 +36,16 @@ impl fmt::Display for Placement {
     }
 }
 
-/// Starts redis-server (unless `REDIS_URL` names one) with the placement described above.
+/// Starts redis-server (unless `external`, from `REDIS_URL`, names one) with the placement
+/// described above.
 ///
 /// Must run before the tokio runtime is built: threads inherit the affinity of the thread that
 /// creates them, and so does the redis-server child.
 pub(crate) fn start_redis(
+    external: bool,
     pin: bool,
 ) -> anyhow::Result<(Option<leasehold_testkit::RedisServer>, Placement)> {
-    if std::env::var_os("REDIS_URL").is_some() {
+    if external {
         return Ok((None, Placement::Unpinned("REDIS_URL names the server")));
     }
     let allowed = allowed_cpus()?;

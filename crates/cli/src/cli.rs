@@ -42,7 +42,7 @@ impl Cli {
 /// What to do.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Show one lock: its holders and hold counts, lease left, fencing counter and waiters.
+    /// Show one lock: its holders and hold counts, lease left, fencing token and waiters.
     Inspect {
         /// The lock name, as given to `client.lock(NAME)`.
         name: String,

@@ -1,7 +1,7 @@
 //! `leasehold list [PATTERN]`: the locks under a prefix.
 //!
 //! Keys are found with `SCAN MATCH PREFIX:* TYPE hash` (never `KEYS`, which blocks Redis for
-//! the whole keyspace); fencing counters are strings and other kinds of keys are skipped. The
+//! the whole keyspace); the fencing counter is a string and other kinds of keys are skipped. The
 //! holders and lease of each lock are then read with one pipelined round trip per batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -98,6 +98,17 @@ pub async fn list(
             let _: () = pipeline.pttl(key.as_str()).await.map_err(redis_error)?;
         }
         let replies = pipeline.try_all::<Value>().await;
+        // A batch that failed as a whole (timeout, lost connection) comes back as one error:
+        // report it rather than list nothing.
+        if replies.len() != 2 * batch.len() {
+            let error = replies.into_iter().find_map(Result::err);
+            return Err(match error {
+                Some(error) => redis_error(error).into(),
+                None => {
+                    anyhow::anyhow!("Redis answered a batch of {} reads short", 2 * batch.len())
+                }
+            });
+        }
         for ((name, key), pair) in batch.iter().zip(replies.chunks(2)) {
             let [fields, pttl] = pair else { continue };
             // Released (or replaced by another type) since the scan: not a lock any more.

@@ -1,6 +1,6 @@
 //! `leasehold`: the command line of the leasehold distributed lock library.
 //!
-//! * `inspect NAME` shows one lock (holders, lease left, fencing counter, waiters);
+//! * `inspect NAME` shows one lock (holders, lease left, the grant's fencing token, waiters);
 //! * `list [PATTERN]` lists the locks under the prefix;
 //! * `unlock --force NAME` releases a lock whoever holds it;
 //! * `demo` plays the three scenarios of the seeds with real OS processes as pods.

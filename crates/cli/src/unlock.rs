@@ -73,6 +73,20 @@ pub async fn run(
         if typed != name {
             bail!("aborted: {typed:?} is not the lock name {name:?}; nothing was changed");
         }
+        // The operator confirmed what was shown; if the lock changed hands while they typed,
+        // they did not confirm removing the new holder.
+        let now = inspect::fetch(client.redis(), lock.keys()).await?;
+        if now.fence != state.fence {
+            bail!(
+                "aborted: {name:?} changed hands while you confirmed (now {}); nothing was \
+                 changed, run the command again",
+                if now.is_locked() {
+                    "held by another grant"
+                } else {
+                    "free"
+                }
+            );
+        }
     }
     let released = state.is_locked() && lock.force_unlock().await?;
     if json {
