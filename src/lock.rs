@@ -414,9 +414,11 @@ impl Lock {
         match reply {
             commands::Acquire::Granted { hold_count, fence } => {
                 let lease = match mode {
-                    LeaseMode::Watched => {
-                        GuardLease::Watched(self.client.watchdog.watch(&self.keys, owner, sent_at))
-                    }
+                    LeaseMode::Watched => GuardLease::Watched(
+                        self.client
+                            .watchdog
+                            .watch(&self.keys, owner, hold_count, sent_at),
+                    ),
                     LeaseMode::Fixed(lease) => {
                         GuardLease::Fixed(Arc::new(LeaseState::new(valid_until(sent_at, lease))))
                     }

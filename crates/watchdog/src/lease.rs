@@ -76,7 +76,8 @@ impl LeaseState {
         true
     }
 
-    /// Marks the lease lost (renewal found the owner gone, or the hold was released).
+    /// Marks the lease lost (renewal found the owner gone, or a new grant showed Redis no
+    /// longer had the hold).
     pub fn mark_lost(&self) {
         if !self.lost.swap(true, Ordering::AcqRel) {
             self.lost_notify.notify_waiters();

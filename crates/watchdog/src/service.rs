@@ -238,16 +238,23 @@ impl Watchdog {
     }
 
     /// Starts (or joins) watching the hold of `owner` on `keys`, granted by an acquire sent at
-    /// `sent_at` with lease [`Watchdog::lease`]. A re-entry joins the existing hold and moves
-    /// its deadline forward.
-    pub fn watch(&self, keys: &LockKeys, owner: &Owner, sent_at: Instant) -> Hold {
+    /// `sent_at` with lease [`Watchdog::lease`] that answered `hold_count`. A re-entry
+    /// (`hold_count` > 1) joins the existing hold and moves its deadline forward.
+    ///
+    /// A new grant (`hold_count` 1) while an entry exists means Redis no longer had the old
+    /// hold (force-unlocked or expired before the next renewal could tell): the old guards'
+    /// lease is marked lost rather than revived, and the new grant gets an entry of its own,
+    /// so a renewal verdict still in flight for the old one cannot touch it.
+    pub fn watch(&self, keys: &LockKeys, owner: &Owner, hold_count: u64, sent_at: Instant) -> Hold {
         let config = &self.shared.config;
         let valid_until = valid_until(sent_at, config.lease);
         let key: HoldKey = (keys.clone(), owner.clone());
         let mut state = self.shared.state.lock();
         if let Some(&slot) = state.index.get(&key) {
             let entry = &mut state.entries[slot];
-            if entry.lease.extend(valid_until) {
+            if hold_count == 1 {
+                entry.lease.mark_lost();
+            } else if entry.lease.extend(valid_until) {
                 entry.refs += 1;
                 return Hold {
                     shared: self.shared.clone(),
@@ -256,7 +263,7 @@ impl Watchdog {
                     lease: entry.lease.clone(),
                 };
             }
-            // The old hold was lost; this grant starts a new one.
+            // The old hold is gone; this grant starts a new one.
             state.remove(slot);
         }
         state.next_id += 1;

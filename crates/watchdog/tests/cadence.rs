@@ -52,7 +52,7 @@ async fn renews_every_third_of_the_lease_and_stops_on_release() {
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
     let start = Instant::now();
-    let hold = watchdog.watch(&keys("job"), &owner, start);
+    let hold = watchdog.watch(&keys("job"), &owner, 1, start);
     tokio::time::sleep(Duration::from_secs(35)).await;
     let offsets: Vec<u64> = recorder
         .calls
@@ -74,8 +74,8 @@ async fn reentrant_holds_share_one_renewal_until_the_last_is_dropped() {
     let recorder = Recorder::default();
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
-    let outer = watchdog.watch(&keys("nested"), &owner, Instant::now());
-    let inner = watchdog.watch(&keys("nested"), &owner, Instant::now());
+    let outer = watchdog.watch(&keys("nested"), &owner, 1, Instant::now());
+    let inner = watchdog.watch(&keys("nested"), &owner, 2, Instant::now());
     assert_eq!(watchdog.stats().holds, 1);
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert_eq!(
@@ -95,6 +95,28 @@ async fn reentrant_holds_share_one_renewal_until_the_last_is_dropped() {
     assert_eq!(recorder.calls.lock().len(), 2);
 }
 
+/// A new grant (hold count 1) for an owner the watchdog still watches means Redis no longer
+/// had the old hold: the old guard's lease is lost, not revived, and the new grant is watched
+/// on its own.
+#[tokio::test(start_paused = true)]
+async fn a_new_grant_does_not_revive_a_hold_redis_lost() {
+    let recorder = Recorder::default();
+    let watchdog = Watchdog::start(recorder.clone(), config(30));
+    let owner = ClientId::random().new_owner();
+    let old = watchdog.watch(&keys("regranted"), &owner, 1, Instant::now());
+    let new = watchdog.watch(&keys("regranted"), &owner, 1, Instant::now());
+    assert!(
+        !old.lease().is_held(),
+        "the old guard learns its hold is gone"
+    );
+    assert!(new.lease().is_held());
+    assert_eq!(watchdog.stats().holds, 1);
+    drop(old);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(recorder.calls.lock().len(), 1, "the new grant is renewed");
+    assert!(new.lease().is_held());
+}
+
 #[tokio::test(start_paused = true)]
 async fn many_holds_cost_one_call_per_batch() {
     let recorder = Recorder::default();
@@ -103,7 +125,7 @@ async fn many_holds_cost_one_call_per_batch() {
     let mut holds = Vec::new();
     // 2,500 holds acquired over 3 s: renewed together in batches of 1,000.
     for i in 0..2500 {
-        holds.push(watchdog.watch(&keys(&format!("lock-{i}")), &owner, Instant::now()));
+        holds.push(watchdog.watch(&keys(&format!("lock-{i}")), &owner, 1, Instant::now()));
         if i % 100 == 0 {
             tokio::time::sleep(Duration::from_millis(120)).await;
         }
@@ -129,7 +151,7 @@ async fn a_hold_found_gone_is_marked_lost() {
     let recorder = Recorder::default();
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
-    let hold = watchdog.watch(&keys("taken"), &owner, Instant::now());
+    let hold = watchdog.watch(&keys("taken"), &owner, 1, Instant::now());
     recorder.gone.lock().push("leasehold:{taken}".into());
     let start = Instant::now();
     hold.lease().lost().await;
@@ -151,7 +173,7 @@ async fn failing_renewals_are_retried_and_the_deadline_declares_loss() {
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
     let start = Instant::now();
-    let hold = watchdog.watch(&keys("unreachable"), &owner, start);
+    let hold = watchdog.watch(&keys("unreachable"), &owner, 1, start);
     hold.lease().lost().await;
     let lost_after = start.elapsed();
     // Lost at the local deadline (lease - drift), not at the first failed renewal.
@@ -170,7 +192,7 @@ async fn a_recovered_renewal_keeps_the_hold() {
     *recorder.fail.lock() = true;
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
-    let hold = watchdog.watch(&keys("flaky"), &owner, Instant::now());
+    let hold = watchdog.watch(&keys("flaky"), &owner, 1, Instant::now());
     tokio::time::sleep(Duration::from_secs(15)).await;
     *recorder.fail.lock() = false;
     tokio::time::sleep(Duration::from_secs(60)).await;
