@@ -11,7 +11,8 @@
 //!   queue of clients with waiters), only that client wakes one, the others stand by for
 //!   [`TURN_GRACE`] in case it does not take the lock;
 //! - wakes ALL local waiters when messages may have been lost: the receiver lagged behind fred's
-//!   broadcast channel, or the subscriber connection was re-established (fred resubscribes);
+//!   broadcast channel, or the subscriber connection was re-established (after subscribing
+//!   its channels again, retried until Redis answers);
 //! - never becomes the only way to wake up: pub/sub is at-most-once, so waiters also wake when
 //!   the holder's lease would end (an expired key publishes nothing).
 #![deny(missing_docs, missing_debug_implementations)]

@@ -194,8 +194,8 @@ async fn unsubscribe(inner: Arc<Inner>, channel: Arc<Channel>) {
     }
     if *in_redis {
         if let Err(error) = inner.subscriber.unsubscribe(channel.name.as_str()).await {
-            // fred already dropped it from the channels it resubscribes; a stale server-side
-            // subscription only costs a wasted message until the connection is re-established.
+            // fred keeps a channel it could not unsubscribe among those it resubscribes; the
+            // reconnect path (resubscribe) drops every channel this map no longer has.
             tracing::debug!(%error, channel = %channel.name, "unsubscribe failed");
         }
         *in_redis = false;
@@ -240,21 +240,51 @@ async fn receive_loop(inner: std::sync::Weak<Inner>) {
                     Ok(_) | Err(RecvError::Lagged(_)) => {
                         // Resubscribe first, then wake: a waiter that retries and fails must
                         // find its channel subscribed again, or the next release is lost.
-                        let weak = Arc::downgrade(&inner);
-                        let subscriber = inner.subscriber.clone();
-                        tokio::spawn(async move {
-                            if let Err(error) = subscriber.resubscribe_all().await {
-                                tracing::warn!(%error, "resubscribe after reconnect failed");
-                            }
-                            if let Some(inner) = weak.upgrade() {
-                                wake_all(&inner);
-                            }
-                        });
+                        tokio::spawn(resubscribe(Arc::downgrade(&inner)));
                     }
                     Err(RecvError::Closed) => return,
                 }
             }
         }
+    }
+}
+
+/// After a reconnect: drops the channels fred still tracks but no waiter wants (an UNSUBSCRIBE
+/// that failed leaves them tracked), subscribes the others again, then wakes every waiter so
+/// it reads the lock state afresh. Retried with backoff until Redis answers: until then a
+/// release would reach nobody, and waiters would only wake on their timers.
+async fn resubscribe(inner: std::sync::Weak<Inner>) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let stale: Vec<String> = {
+            let map = strong.channels.lock();
+            strong
+                .subscriber
+                .tracked_channels()
+                .into_iter()
+                .filter(|channel| !map.contains_key(&**channel))
+                .map(|channel| channel.to_string())
+                .collect()
+        };
+        let subscriber = strong.subscriber.clone();
+        let result = async {
+            if !stale.is_empty() {
+                subscriber.unsubscribe(stale).await?;
+            }
+            subscriber.resubscribe_all().await
+        }
+        .await;
+        wake_all(&strong);
+        match result {
+            Ok(()) => return,
+            Err(error) => tracing::warn!(%error, "resubscribe after reconnect failed; retrying"),
+        }
+        drop(strong);
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 
