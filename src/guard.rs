@@ -158,7 +158,6 @@ impl LockGuard {
     /// Takes this guard's hold out of local bookkeeping (stopping renewal) and prepares its
     /// release: whatever the reply, this guard no longer keeps the lease alive.
     fn start_release(&mut self) -> Release {
-        let holds_before = self.client.local_holds(&self.keys, &self.owner);
         let ends_within = self.valid_until().saturating_duration_since(Instant::now())
             + self.client.command_timeout;
         self.forget_lease();
@@ -166,7 +165,6 @@ impl LockGuard {
             client: self.client.clone(),
             keys: self.keys.clone(),
             owner: self.owner.clone(),
-            holds_before,
             ends_within,
         }
     }
@@ -250,9 +248,6 @@ struct Release {
     client: Arc<ClientInner>,
     keys: LockKeys,
     owner: Owner,
-    /// The owner's live holds here, this one included: what Redis counts if the release
-    /// does not run.
-    holds_before: u64,
     /// How long until the hold ends by itself if the release does not run.
     ends_within: Duration,
 }
@@ -268,10 +263,13 @@ impl Release {
             Err(error) => {
                 let error = self.client.map_err(error);
                 if error.is_transient() {
+                    // What Redis counts if the release did not run: the owner's other live
+                    // holds here plus this one (counted only now, on the rare path).
+                    let holds_before = self.client.local_holds(&self.keys, &self.owner) + 1;
                     self.client.spawn_repair(
                         &self.keys,
                         &self.owner,
-                        self.holds_before,
+                        holds_before,
                         self.ends_within,
                     );
                 }

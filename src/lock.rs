@@ -387,7 +387,6 @@ impl Lock {
             client: &self.client,
             keys: &self.keys,
             owner,
-            expected_count: self.client.local_holds(&self.keys, owner) + 1,
             lease,
             armed: true,
         };
@@ -454,7 +453,6 @@ struct PendingAcquire<'a> {
     client: &'a Arc<ClientInner>,
     keys: &'a LockKeys,
     owner: &'a Owner,
-    expected_count: u64,
     /// The lease asked for: after it, an unconfirmed grant has ended by itself.
     lease: Duration,
     armed: bool,
@@ -463,8 +461,11 @@ struct PendingAcquire<'a> {
 impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
         if self.armed {
+            // What the acquire would have produced: the owner's live holds here plus one.
+            // Counted only now, on the rare path, not before every acquire.
+            let expected_count = self.client.local_holds(self.keys, self.owner) + 1;
             self.client
-                .spawn_repair(self.keys, self.owner, self.expected_count, self.lease);
+                .spawn_repair(self.keys, self.owner, expected_count, self.lease);
         }
     }
 }
