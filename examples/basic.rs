@@ -7,14 +7,10 @@ use leasehold::LockClient;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when this value drops).
-fn redis() -> Result<leasehold_testkit::TestRedis> {
-    Ok(leasehold_testkit::redis_for_tests()?)
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
-    let redis = redis()?;
+    // `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when `redis` drops).
+    let redis = leasehold_testkit::redis_for_tests()?;
     // One client per process; here two, standing for two instances of a service.
     let pod_a = LockClient::connect(&redis.url()).await?;
     let pod_b = LockClient::connect(&redis.url()).await?;

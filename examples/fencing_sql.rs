@@ -12,11 +12,6 @@ use rusqlite::{named_params, Connection};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when this value drops).
-fn redis() -> Result<leasehold_testkit::TestRedis> {
-    Ok(leasehold_testkit::redis_for_tests()?)
-}
-
 /// The seed's fenced write: applied only if no newer token has written this row.
 fn sell(db: &Mutex<Connection>, who: &str, fence: FencingToken) -> Result<()> {
     let rows = db.lock().unwrap().execute(
@@ -35,7 +30,8 @@ fn sell(db: &Mutex<Connection>, who: &str, fence: FencingToken) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let redis = redis()?;
+    // `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when `redis` drops).
+    let redis = leasehold_testkit::redis_for_tests()?;
     let db = Connection::open_in_memory()?;
     db.execute_batch(
         "CREATE TABLE inventory (product_id INTEGER PRIMARY KEY, stock INTEGER NOT NULL,

@@ -11,14 +11,10 @@ use tokio::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when this value drops).
-fn redis() -> Result<leasehold_testkit::TestRedis> {
-    Ok(leasehold_testkit::redis_for_tests()?)
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
-    let redis = redis()?;
+    // `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when `redis` drops).
+    let redis = leasehold_testkit::redis_for_tests()?;
     // A 1 s lease (default 30 s) so the demo is short: renewed every 1/3 s while held.
     let client = LockClient::builder(&redis.url())
         .lease(Duration::from_secs(1))

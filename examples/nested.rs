@@ -7,11 +7,6 @@ use leasehold::{Lock, LockClient, LockGuard};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when this value drops).
-fn redis() -> Result<leasehold_testkit::TestRedis> {
-    Ok(leasehold_testkit::redis_for_tests()?)
-}
-
 fn show(layer: &str, guard: &LockGuard) {
     let (hold, token) = (guard.hold_count(), guard.fencing_token());
     println!("{layer:<14} hold {hold}, token {token}");
@@ -44,7 +39,8 @@ async fn write_audit(lock: &Lock) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let redis = redis()?;
+    // `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when `redis` drops).
+    let redis = leasehold_testkit::redis_for_tests()?;
     let client = LockClient::connect(&redis.url()).await?;
     let lock = client.lock("order:1001")?;
     place_order(&lock).await?;

@@ -10,11 +10,6 @@ use leasehold::LockClient;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when this value drops).
-fn redis() -> Result<leasehold_testkit::TestRedis> {
-    Ok(leasehold_testkit::redis_for_tests()?)
-}
-
 // At most 10 min (if the pod dies mid-job the lock ends by itself), at least 1 s from the
 // start (a real schedule would use minutes: longer than the clock skew between pods).
 fn options() -> RunOnceOptions {
@@ -41,7 +36,8 @@ async fn tick(pod: usize, url: String) -> Result<bool> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let redis = redis()?;
+    // `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when `redis` drops).
+    let redis = leasehold_testkit::redis_for_tests()?;
     // 02:00:00: all three schedulers fire at once.
     let pods: Vec<_> = (1..=3)
         .map(|pod| tokio::spawn(tick(pod, redis.url())))

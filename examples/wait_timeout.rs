@@ -10,14 +10,10 @@ use tokio::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when this value drops).
-fn redis() -> Result<leasehold_testkit::TestRedis> {
-    Ok(leasehold_testkit::redis_for_tests()?)
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
-    let redis = redis()?;
+    // `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when `redis` drops).
+    let redis = leasehold_testkit::redis_for_tests()?;
     let client = LockClient::connect(&redis.url()).await?;
     let lock = client.lock("report:daily")?;
     let start = Instant::now();
