@@ -506,8 +506,10 @@ fn fence_checks(
     let mut reused = 0;
     let mut order = 0;
     let mut across_restart = 0;
+    // Tokens come from one counter per prefix, so no two grants of any locks may share one
+    // (a stronger check than per lock, which is what fencing needs).
+    let mut seen: HashMap<u64, &Op> = HashMap::new();
     for grants in by_res.values_mut() {
-        let mut seen: HashMap<u64, &Op> = HashMap::new();
         for op in grants.iter() {
             let token = op.granted.as_ref().and_then(|g| g.token).expect("filtered");
             if let Some(other) = seen.insert(token, op) {

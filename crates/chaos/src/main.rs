@@ -10,8 +10,9 @@
 //!
 //! Checked (each a line of the summary, with its count):
 //! - fence: the store never accepted a non-increasing token; every accepted token was granted;
-//!   no token was handed to two grants; a grant that began after another's reply has the higher
-//!   token, also across a Redis restart;
+//!   no token was handed to two grants (of any locks: the counter is one per prefix); a grant
+//!   that began after another's reply on the same lock has the higher token, also across a
+//!   Redis restart;
 //! - exclusion: no two owners ever both believed (`is_held()`) they held one lock at one
 //!   instant, except right after Redis lost its data (counted apart, bounded by one lease);
 //!   writes that landed after their writer's lease (a pause between check and write) are
