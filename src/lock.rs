@@ -249,16 +249,20 @@ impl Lock {
         if let LeaseMode::Fixed(lease) = mode {
             leasehold_core::lease_millis(lease)?;
         }
-        let deadline = wait.map(|w| Instant::now() + w.min(leasehold_core::MAX_LEASE));
         let owner = self.owner();
+        if wait == Some(Duration::ZERO) {
+            // try_lock: one try and nothing to wait for, so no interest and no turn queue.
+            return Ok(self.attempt(&owner, mode, None).await?.into_guard());
+        }
+        let deadline = wait.map(|w| Instant::now() + w.min(leasehold_core::MAX_LEASE));
         let channel = self.keys.released();
         // Interest is free when this client already listens on the channel: take it before
         // the first try. Otherwise the first try goes out alone (most locks are free), and the
         // subscriber connection is opened only when there is something to wait for.
         let mut interest = match self.client.notifier_if_started() {
             Some(notifier)
-                if notifier.is_subscribed(channel)
-                    && deadline.is_none_or(|d| d > Instant::now()) =>
+                if deadline.is_none_or(|d| d > Instant::now())
+                    && notifier.is_subscribed(channel) =>
             {
                 Some(
                     notifier

@@ -19,10 +19,10 @@ end
 if not count then
   return -1
 end
-if tonumber(count) > 1 then
+if count ~= '1' then
   return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[1], '~expiring', 1)
+redis.call('HSET', KEYS[1], '~expiring', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 0
