@@ -11,7 +11,7 @@ mod common;
 use std::cell::Cell;
 use std::time::Duration;
 
-use common::{cmd, exists, server};
+use common::{cmd, exists, pttl, server};
 use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
 use leasehold::{LockClient, LockError, MAX_LEASE, MAX_NAME_LEN};
 use leasehold_core::commands;
@@ -195,10 +195,6 @@ fn durations() -> impl Strategy<Value = Duration> {
 
 fn lease_is_valid(lease: Duration) -> bool {
     lease >= Duration::from_millis(1) && lease <= MAX_LEASE
-}
-
-fn pttl(redis: &leasehold_testkit::RedisServer, key: &str) -> i64 {
-    cmd(redis, &["PTTL", key]).as_int().unwrap()
 }
 
 /// Any lease or wait on every acquire path: a valid lease is set in Redis (PTTL within it),

@@ -4,16 +4,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client_with_lease, cmd, exists, server};
+use common::{client_with_lease, exists, pttl, server};
 use leasehold::{LockClient, LockError};
-use leasehold_testkit::RedisServer;
 use tokio::time::Instant;
 
 const LEASE: Duration = Duration::from_millis(1500);
-
-fn pttl(redis: &RedisServer, key: &str) -> i64 {
-    cmd(redis, &["PTTL", key]).as_int().unwrap()
-}
 
 /// A job holding the lock for 3x the lease keeps it: nobody else gets in, and the key's TTL
 /// never drops under lease/3 while held.

@@ -37,6 +37,11 @@ pub fn hget(server: &RedisServer, key: &str, field: &str) -> Option<i64> {
         .map(|s| s.parse().expect("integer"))
 }
 
+/// PTTL of `key` in milliseconds (-2: no key, -1: no TTL).
+pub fn pttl(server: &RedisServer, key: &str) -> i64 {
+    cmd(server, &["PTTL", key]).as_int().expect("PTTL reply")
+}
+
 /// Whether `key` exists.
 pub fn exists(server: &RedisServer, key: &str) -> bool {
     cmd(server, &["EXISTS", key]).as_int() == Some(1)
