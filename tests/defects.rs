@@ -1,0 +1,898 @@
+//! Regression tests for the defects reported in the project's issue, one test per defect (or
+//! per case of a defect). Each test reproduces its defect on the code it was written against
+//! and passes once the defect is fixed; the comment at the top of each test says how it failed
+//! then. (Defect 4, guard hand-off between tasks, is covered elsewhere.)
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, cmd, exists, hget, pttl, server};
+use fred::interfaces::ClientLike;
+use leasehold::{Lock, LockClient, LockError};
+use leasehold_testkit::{Proxy, RedisServer};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Subscribers of `channel` in Redis.
+fn numsub(redis: &RedisServer, channel: &str) -> i64 {
+    let reply = cmd(redis, &["PUBSUB", "NUMSUB", channel]);
+    reply.as_array().expect("numsub reply")[1]
+        .as_int()
+        .expect("count")
+}
+
+/// Members of the turn queue `queue` (0 when the key is absent).
+fn zcard(redis: &RedisServer, queue: &str) -> i64 {
+    cmd(redis, &["ZCARD", queue]).as_int().expect("ZCARD reply")
+}
+
+/// The client uuid: the part of an owner id before ':'.
+fn client_uuid(client: &LockClient) -> String {
+    let owner = client.new_owner();
+    owner.id().split(':').next().expect("owner id").to_string()
+}
+
+/// `CLIENT LIST` (optionally `TYPE kind`) as lines, without the testkit's own connection (the
+/// short-lived one that runs the `CLIENT LIST`).
+fn client_list(redis: &RedisServer, kind: Option<&str>) -> Vec<String> {
+    let mut args = vec!["CLIENT", "LIST"];
+    if let Some(kind) = kind {
+        args.extend(["TYPE", kind]);
+    }
+    let text = cmd(redis, &args).as_str().expect("CLIENT LIST reply");
+    text.lines()
+        .filter(|line| !line.is_empty() && !line.contains("cmd=client|list"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Connections of ACL user `user`.
+fn connections_of_user(redis: &RedisServer, user: &str) -> usize {
+    let needle = format!(" user={user} ");
+    client_list(redis, None)
+        .iter()
+        .filter(|line| line.contains(&needle))
+        .count()
+}
+
+/// Waits (bounded) until the client answers again through `lock`, e.g. after its connection
+/// was closed and it reconnects.
+async fn until_answers(lock: &Lock) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match lock.is_locked().await {
+            Ok(_) => return,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("the client did not come back: {e}"),
+        }
+    }
+}
+
+fn set_user(redis: &RedisServer, name: &str, rule: &str) {
+    let mut args = vec!["ACL", "SETUSER", name];
+    args.extend(rule.split_whitespace());
+    cmd(redis, &args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A waiter sleeps a whole lease on a free lock
+// ---------------------------------------------------------------------------------------------
+
+/// A lock reserved for another client's turn that never takes it: the waiter must try again
+/// soon after the reservation lapses, not after its own lease.
+///
+/// Fails today: the waiter's retry hits acquire.lua's reserved branch, which answers the
+/// waiter's own 20 s lease, so it sleeps until its 8 s deadline and acquires only at its last
+/// try (~8.0 s instead of ~1.5 s): "acquired after 8.0s".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect1_a_waiter_tries_again_soon_after_a_turn_reservation_lapses() {
+    let redis = server();
+    let waiter = LockClient::builder(&redis.url())
+        .lease(Duration::from_secs(20))
+        .build()
+        .await
+        .expect("connect");
+    let lock = waiter.lock("x").unwrap();
+    let key = lock.keys().hash().to_string();
+    // A release reserved the lock for a client that will never take its turn (a real
+    // reservation lives 25 ms; this one lives 1.5 s so the waiter's retry surely meets it).
+    let reservation = Duration::from_millis(1500);
+    cmd(&redis, &["HSET", &key, "~turn:deadbeef", "0"]);
+    cmd(
+        &redis,
+        &["PEXPIRE", &key, &reservation.as_millis().to_string()],
+    );
+    let started = Instant::now();
+    let got = lock.try_lock_for(Duration::from_secs(8)).await.unwrap();
+    let took = started.elapsed();
+    assert!(got.is_some(), "not acquired within 8 s (after {took:?})");
+    assert!(
+        took <= reservation + Duration::from_secs(2),
+        "acquired after {took:?}: the reservation lapsed after {reservation:?}, so the waiter \
+         slept on a free lock"
+    );
+    got.unwrap().unlock().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A releaser barges ahead of its own client's queued waiter
+// ---------------------------------------------------------------------------------------------
+
+/// Within one client, waiters are served in order: a task that releases and asks again at once
+/// comes after the sibling task that was already waiting.
+///
+/// Fails today (round 0): the release reserves the lock for this very client's turn, and the
+/// releaser's own new lock() takes that turn before the queued sibling: order
+/// ["A again", "B"] instead of ["B", "A again"].
+#[tokio::test]
+async fn defect2_a_releaser_does_not_barge_ahead_of_its_own_clients_waiter() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let queue = "leasehold:{barge}:queue";
+    let channel = "leasehold:{barge}:released";
+    for round in 0..5 {
+        let order: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+        let (held_tx, held_rx) = oneshot::channel::<()>();
+        let (go_tx, go_rx) = oneshot::channel::<()>();
+        let lock_a = client.lock("barge").unwrap();
+        let order_a = order.clone();
+        let a = tokio::spawn(async move {
+            let guard = lock_a.lock().await.unwrap();
+            held_tx.send(()).unwrap();
+            go_rx.await.unwrap();
+            guard.unlock().await.unwrap();
+            let again = lock_a.lock().await.unwrap();
+            order_a.lock().push("A again");
+            again.unlock().await.unwrap();
+        });
+        held_rx.await.unwrap();
+        let lock_b = client.lock("barge").unwrap();
+        let order_b = order.clone();
+        let b = tokio::spawn(async move {
+            let guard = lock_b.lock().await.unwrap();
+            order_b.lock().push("B");
+            guard.unlock().await.unwrap();
+        });
+        // B waits for real: subscribed, and its client queued by its failed retry.
+        assert!(
+            common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 1
+                && numsub(&redis, channel) == 1)
+            .await,
+            "round {round}: B never queued"
+        );
+        go_tx.send(()).unwrap();
+        let both = async {
+            a.await.unwrap();
+            b.await.unwrap();
+        };
+        tokio::time::timeout(Duration::from_secs(20), both)
+            .await
+            .expect("both tasks got the lock");
+        assert_eq!(
+            *order.lock(),
+            ["B", "A again"],
+            "round {round}: order of acquisitions after A's release"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. A lost watched guard can be revived
+// ---------------------------------------------------------------------------------------------
+
+/// A watched guard whose hold was force-unlocked stays lost even when the same owner takes a
+/// fresh grant, and the watchdog never extends that fresh grant's explicit lease.
+///
+/// Fails today: g1's next renewal finds the owner in the hash (the new grant) and renews it:
+/// `g1.is_held()` stays true and the 1500 ms explicit lease is pushed to the 3 s watched lease
+/// (max PTTL seen ~3000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect3_a_lost_watched_guard_is_not_revived_by_a_new_grant() {
+    let redis = server();
+    let client = common::client_with_lease(&redis.url(), Duration::from_secs(3)).await;
+    let other = common::client(&redis.url()).await;
+    let lock = client.lock("revive").unwrap();
+    let key = lock.keys().hash().to_string();
+    let g1 = lock.lock().await.unwrap();
+    // A second watched hold on the same schedule keeps the watchdog ticking (and counting
+    // renew calls) whatever becomes of g1's hold.
+    let keepalive = client
+        .lock("revive-keepalive")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    // Start right after a confirmed renewal: the next one comes a whole period (1 s) later, so
+    // the steps below all happen before it.
+    let renewed = client.watchdog_stats().renewed;
+    assert!(
+        common::eventually(Duration::from_secs(10), || client.watchdog_stats().renewed
+            > renewed)
+        .await
+    );
+    assert!(lock.force_unlock().await.unwrap());
+    other
+        .lock("revive")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the force unlock")
+        .unlock()
+        .await
+        .unwrap();
+    let explicit_lease = Duration::from_millis(1500);
+    let explicit = lock
+        .try_lock_with_lease(explicit_lease)
+        .await
+        .unwrap()
+        .expect("free again");
+    let granted_at = Instant::now();
+    assert_eq!(explicit.hold_count(), 1, "a fresh grant");
+    assert!(explicit.fencing_token() > g1.fencing_token());
+
+    // Two renewal rounds after the grant: g1's hold, if still scheduled, was renewed by now.
+    let calls = client.watchdog_stats().renew_calls;
+    let mut max_pttl = pttl(&redis, &key);
+    let ticked = common::eventually(Duration::from_secs(10), || {
+        max_pttl = max_pttl.max(pttl(&redis, &key));
+        client.watchdog_stats().renew_calls >= calls + 2
+    })
+    .await;
+    assert!(
+        ticked,
+        "the watchdog stopped renewing: {:?}",
+        client.watchdog_stats()
+    );
+    let g1_held = g1.is_held();
+    assert!(
+        !g1_held && max_pttl <= explicit_lease.as_millis() as i64,
+        "after two renewals: g1.is_held() = {g1_held} (want false), max PTTL of the explicit \
+         {explicit_lease:?} hold = {max_pttl} ms (want <= 1500)"
+    );
+    // The explicit hold ends by itself, at its lease.
+    let expired = common::eventually(Duration::from_secs(5), || {
+        max_pttl = max_pttl.max(pttl(&redis, &key));
+        !exists(&redis, &key)
+    })
+    .await;
+    assert!(
+        expired && max_pttl <= explicit_lease.as_millis() as i64,
+        "the explicit hold did not end at its lease: key exists = {}, max PTTL {max_pttl} ms, \
+         {:?} after the grant",
+        exists(&redis, &key),
+        granted_at.elapsed()
+    );
+    assert!(!g1.is_held(), "g1 came back");
+    assert!(keepalive.is_held());
+    drop(explicit);
+    drop(g1);
+    keepalive.unlock().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A cancelled (or failed) release leaves an orphan hold that its owner later re-enters
+// ---------------------------------------------------------------------------------------------
+
+/// A client through a proxy, holding `name` (watched, default 30 s lease) in the calling task.
+async fn proxied_holder(
+    redis: &RedisServer,
+    name: &str,
+    command_timeout: Duration,
+) -> (Proxy, LockClient, Lock, leasehold::LockGuard) {
+    let proxy = Proxy::start(redis.addr()).await.unwrap();
+    let client = LockClient::builder(&proxy.url())
+        .command_timeout(command_timeout)
+        .build()
+        .await
+        .expect("connect");
+    let lock = client.lock(name).unwrap();
+    let guard = lock.lock().await.unwrap();
+    (proxy, client, lock, guard)
+}
+
+/// The connection lost bytes during the partition, so it is out of sync: as after a real
+/// network fault, it is reset, and the client reconnects.
+async fn heal_and_reconnect(proxy: &Proxy, lock: &Lock) {
+    proxy.heal();
+    proxy.close_all();
+    until_answers(lock).await;
+}
+
+/// `guard.unlock()` cancelled while its release is on the wire (and never reaches Redis): the
+/// owner's next acquire must not re-enter the orphaned hold.
+///
+/// Fails today: nothing settles the cancelled release, so the same task's next acquire re-enters
+/// the orphan at once: hold_count 2 (want 1); releasing it would leave the orphan held until
+/// its 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect5_a_cancelled_unlock_leaves_no_hold_to_re_enter() {
+    let redis = server();
+    let (proxy, _client, lock, guard) =
+        proxied_holder(&redis, "orphan", Duration::from_secs(5)).await;
+    let key = lock.keys().hash().to_string();
+    proxy.partition();
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), guard.unlock()).await;
+    assert!(cancelled.is_err(), "the unlock was cut off: {cancelled:?}");
+    heal_and_reconnect(&proxy, &lock).await;
+
+    let again = lock
+        .try_lock_for(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the lock is this task's to take");
+    let count = again.hold_count();
+    again.unlock().await.unwrap();
+    assert_eq!(
+        count,
+        1,
+        "the next acquire re-entered an orphaned hold (Redis PTTL now {} ms)",
+        pttl(&redis, &key)
+    );
+    assert!(
+        !exists(&redis, &key),
+        "still held after its only hold was released: PTTL {} ms",
+        pttl(&redis, &key)
+    );
+}
+
+/// `guard.unlock_after(d)` cancelled while on the wire: the lock must end no later than the
+/// tail (plus a bound), and the owner must not re-enter the orphaned hold meanwhile.
+///
+/// Fails today: nothing settles the cancelled release_after: the orphan keeps the full 30 s
+/// lease, and the same task's next acquire re-enters it at once: hold_count 2 (want 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect5_a_cancelled_unlock_after_ends_at_its_tail_and_is_not_re_entered() {
+    let redis = server();
+    let (proxy, _client, lock, guard) =
+        proxied_holder(&redis, "orphan-after", Duration::from_secs(5)).await;
+    let key = lock.keys().hash().to_string();
+    let tail = Duration::from_secs(1);
+    proxy.partition();
+    let called = Instant::now();
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(300), guard.unlock_after(tail)).await;
+    assert!(
+        cancelled.is_err(),
+        "the unlock_after was cut off: {cancelled:?}"
+    );
+    heal_and_reconnect(&proxy, &lock).await;
+
+    let bound = tail + Duration::from_secs(3);
+    let again = lock
+        .try_lock_for(bound + Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("the lock ends after its tail");
+    let at = called.elapsed();
+    let count = again.hold_count();
+    again.unlock().await.unwrap();
+    assert_eq!(
+        count, 1,
+        "the owner re-entered the orphaned hold {at:?} after unlock_after({tail:?})"
+    );
+    assert!(
+        at <= bound,
+        "acquired only {at:?} after unlock_after({tail:?})"
+    );
+    assert!(!exists(&redis, &key));
+}
+
+/// `guard.unlock_after(d)` failing with a transient error (the release_after never reached
+/// Redis): the lock must still end no later than the tail (plus a bound), not at the full
+/// lease, and the owner must not re-enter the orphan.
+///
+/// Fails today: unlock_after returns `Timeout(500ms)` and nothing settles it: the orphan keeps
+/// the full 30 s lease, and the same task's next acquire re-enters it at once: hold_count 2
+/// (want 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect5_a_failed_unlock_after_ends_at_its_tail_and_is_not_re_entered() {
+    let redis = server();
+    let (proxy, _client, lock, guard) =
+        proxied_holder(&redis, "orphan-failed", Duration::from_millis(500)).await;
+    let key = lock.keys().hash().to_string();
+    let tail = Duration::from_secs(1);
+    proxy.partition();
+    let called = Instant::now();
+    let result = guard.unlock_after(tail).await;
+    assert!(
+        result.as_ref().is_err_and(LockError::is_transient),
+        "the unlock_after failed with a transient error: {result:?}"
+    );
+    heal_and_reconnect(&proxy, &lock).await;
+
+    let bound = tail + Duration::from_secs(3);
+    let again = lock
+        .try_lock_for(bound + Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("the lock ends after its tail");
+    let at = called.elapsed();
+    let count = again.hold_count();
+    again.unlock().await.unwrap();
+    assert_eq!(
+        count, 1,
+        "the owner re-entered the orphaned hold {at:?} after unlock_after({tail:?})"
+    );
+    assert!(
+        at <= bound,
+        "acquired only {at:?} after unlock_after({tail:?})"
+    );
+    assert!(!exists(&redis, &key));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A release does not wait for pending repairs of the same owner
+// ---------------------------------------------------------------------------------------------
+
+/// A nested try_lock cancelled mid-flight (its rollback pending) followed at once by the outer
+/// release: the lock must end up free, whichever of the two reaches Redis first.
+///
+/// Fails today: the release goes out before the rollback (current-thread runtime: the rollback
+/// task has not run yet), so Redis runs acquire (2), release (1), rollback (expects 2: no-op):
+/// one hold is orphaned until the 30 s lease: "still held 5 s after the last release: PTTL
+/// ~24800 ms, hold count Some(1)".
+#[tokio::test]
+async fn defect6_a_release_waits_for_the_owners_pending_rollback() {
+    let redis = server();
+    let proxy = Proxy::start(redis.addr()).await.unwrap();
+    let client = client(&proxy.url()).await;
+    let lock = client.lock("repair-order").unwrap();
+    let key = lock.keys().hash().to_string();
+    let g1 = lock.lock().await.unwrap();
+    let owner = g1.owner().id().to_string();
+    proxy.set_latency(Duration::from_millis(100));
+    let nested = tokio::time::timeout(Duration::from_millis(50), lock.try_lock()).await;
+    assert!(
+        nested.is_err(),
+        "the nested try_lock was cut off mid-flight"
+    );
+    g1.unlock().await.unwrap();
+    let freed = common::eventually(Duration::from_secs(5), || !exists(&redis, &key)).await;
+    assert!(
+        freed,
+        "still held 5 s after the last release: PTTL {} ms, hold count {:?}",
+        pttl(&redis, &key),
+        hget(&redis, &key, &owner)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Connections leak
+// ---------------------------------------------------------------------------------------------
+
+/// A user that may connect but not SCRIPT LOAD: `build()` fails after connecting.
+const NO_SCRIPT_LOAD_RULE: &str = "on >pw resetkeys ~leasehold:* resetchannels &leasehold:* \
+    -@all +evalsha +exists +hget +zrem +subscribe +unsubscribe +type +set +incr +time +hset \
+    +hexists +hincrby +hdel +hkeys +del +pexpire +pttl +zadd +zpopmin +publish +info +client|id";
+
+/// Five failed builds leave no connection behind.
+///
+/// Fails today: the builder returns PermissionDenied after SCRIPT LOAD is refused but never
+/// closes the connection it opened: 5 connections of the user stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect7a_failed_builds_close_their_connections() {
+    let redis = server();
+    set_user(&redis, "leaky", NO_SCRIPT_LOAD_RULE);
+    let url = format!("redis://leaky:pw@127.0.0.1:{}", redis.port());
+    for _ in 0..5 {
+        let result = LockClient::builder(&url).build().await;
+        assert!(
+            matches!(result, Err(LockError::PermissionDenied(_))),
+            "{result:?}"
+        );
+    }
+    let closed = common::eventually(Duration::from_secs(5), || {
+        connections_of_user(&redis, "leaky") == 0
+    })
+    .await;
+    assert!(
+        closed,
+        "{} connections of the failed builds are still open",
+        connections_of_user(&redis, "leaky")
+    );
+}
+
+/// A build that times out, and one that is cancelled, while the server is paused leave no
+/// connection behind once it resumes.
+///
+/// Fails today: the timed-out build closes its connection, but the cancelled one's connection
+/// completes its handshake after the resume and stays open ("id=... cmd=info user=default").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect7b_builds_timed_out_or_cancelled_on_a_paused_server_leave_no_connection() {
+    let redis = server();
+    redis.pause().unwrap();
+    let timed_out = LockClient::builder(&redis.url())
+        .command_timeout(Duration::from_millis(500))
+        .build()
+        .await;
+    assert!(timed_out.is_err(), "a paused server cannot answer");
+    drop(timed_out);
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(500),
+        LockClient::builder(&redis.url()).build(),
+    )
+    .await;
+    assert!(cancelled.is_err(), "a paused server cannot answer");
+    redis.resume().unwrap();
+    let closed = common::eventually(Duration::from_secs(5), || {
+        client_list(&redis, None).is_empty()
+    })
+    .await;
+    assert!(
+        closed,
+        "connections left by the builds: {:?}",
+        client_list(&redis, None)
+    );
+}
+
+/// First waits cancelled while the subscriber connection is being opened, six times on one
+/// client: the client ends up with its command connection and at most one subscriber
+/// connection. (`CLIENT LIST TYPE pubsub` alone would not see the leak: a subscriber client that
+/// never subscribed is of type normal; so the client's connections are counted at the proxy.)
+///
+/// Fails today: each cancelled wait drops the OnceCell's init while its spawned connect task
+/// goes on and connects a subscriber nobody keeps or closes: 7 connections through the proxy
+/// (1 command + 6 subscribers), 0 of them pubsub in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect7c_cancelled_first_waits_open_at_most_one_subscriber() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let _held = holder.lock("slow-sub").unwrap().lock().await.unwrap();
+    let proxy = Proxy::start(redis.addr()).await.unwrap();
+    let waiter = client(&proxy.url()).await;
+    let lock = waiter.lock("slow-sub").unwrap();
+    assert_eq!(proxy.connections(), 1, "the command connection");
+    proxy.set_latency(Duration::from_millis(100));
+    for i in 0..6u64 {
+        // The first try takes two latencies (~200 ms); the subscriber connection opens after.
+        let wait = Duration::from_millis(250 + 40 * i);
+        let result = tokio::time::timeout(wait, lock.lock()).await;
+        assert!(result.is_err(), "the lock is held");
+    }
+    let at_most_one = common::eventually(Duration::from_secs(5), || {
+        proxy.connections() <= 2 && client_list(&redis, Some("pubsub")).len() <= 1
+    })
+    .await;
+    assert!(
+        at_most_one,
+        "{} connections of the waiter's client (1 command + subscribers), {} pubsub in Redis",
+        proxy.connections(),
+        client_list(&redis, Some("pubsub")).len()
+    );
+}
+
+/// Dropping a client that waited (so it opened both connections) closes both.
+///
+/// Not reproduced today: this passes (the client's drop sends QUIT on both connections and the
+/// proxy sees both close). Kept as a guard of the property.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect7d_dropping_a_client_closes_its_connections() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let _held = holder.lock("drop-me").unwrap().lock().await.unwrap();
+    let proxy = Proxy::start(redis.addr()).await.unwrap();
+    let waiter = client(&proxy.url()).await;
+    let waited = waiter
+        .lock("drop-me")
+        .unwrap()
+        .try_lock_for(Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(waited.is_none(), "the lock is held");
+    assert_eq!(proxy.connections(), 2, "command and subscriber connections");
+    drop(waiter);
+    let closed = common::eventually(Duration::from_secs(5), || proxy.connections() == 0).await;
+    assert!(
+        closed,
+        "{} connections of the dropped client are still open",
+        proxy.connections()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. LeaveQueue may take the client out of the queue while a sibling still waits
+// ---------------------------------------------------------------------------------------------
+
+/// A waiter cancelled (before it registered interest of its own, or later) must not take its
+/// client out of the turn queue while a sibling waiter of that client still waits there.
+///
+/// Not reproduced today (this test passes; it guards the property). The suspected path needs
+/// the cancelled waiter A to have no interest of its own while sibling B is already queued. A
+/// starts without interest only if B's subscription is not yet flagged active, and that gap is
+/// sub-millisecond (fred 10's `subscribe()` resolves as soon as the SUBSCRIBE is written, before
+/// Redis ran it); A then holds no interest only until its first try's reply, and B's queued
+/// retry cannot reach Redis before that try: both go over the one command connection, in order
+/// (fred never pipelines EVALSHA). Cancellation points covered: two waiters of a fresh client
+/// racing their way in, and a waiter cancelled at points of its wait while its sibling is parked.
+#[tokio::test]
+async fn defect8_a_cancelled_waiter_leaves_the_queue_to_its_waiting_sibling() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let held = holder.lock("sibling").unwrap().lock().await.unwrap();
+    let queue = "leasehold:{sibling}:queue";
+    let channel = "leasehold:{sibling}:released";
+
+    // Whether the client is still queued while B waits, once anything A's cancellation sent
+    // reached Redis: on this current-thread runtime, a yield lets a spawned ZREM task queue its
+    // command, and a round trip on the same connection comes back after it ran.
+    async fn check(redis: &RedisServer, lock: &Lock, b: &tokio::task::JoinHandle<()>, what: &str) {
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        lock.is_locked().await.unwrap();
+        let queued = zcard(redis, "leasehold:{sibling}:queue");
+        assert!(!b.is_finished(), "{what}: B still waits (the lock is held)");
+        assert_eq!(
+            queued, 1,
+            "{what}: B still waits, but its client was taken out of the turn queue"
+        );
+    }
+
+    // A and B start together on a fresh client: A is cancelled on its way in (before or while
+    // it registers interest), B goes on to wait.
+    for step in 0..8u32 {
+        let client = client(&redis.url()).await;
+        let lock = client.lock("sibling").unwrap();
+        let b_lock = lock.clone();
+        let b = tokio::spawn(async move {
+            let _ = b_lock.lock().await;
+        });
+        let a_lock = lock.clone();
+        let a = tokio::spawn(async move { a_lock.lock().await });
+        for _ in 0..step {
+            tokio::task::yield_now().await;
+        }
+        a.abort();
+        let _ = a.await;
+        assert!(
+            common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 1
+                && client.waiters() == 1)
+            .await,
+            "step {step}: B queued"
+        );
+        check(&redis, &lock, &b, &format!("racing in, step {step}")).await;
+        b.abort();
+        let _ = b.await;
+        assert!(
+            common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 0
+                && numsub(&redis, channel) == 0)
+            .await,
+            "step {step}: B's client left the queue when B stopped waiting"
+        );
+    }
+
+    // B parked in the queue; A cancelled at points of its own wait.
+    let client = client(&redis.url()).await;
+    let lock = client.lock("sibling").unwrap();
+    let b_lock = lock.clone();
+    let b = tokio::spawn(async move {
+        let _ = b_lock.lock().await;
+    });
+    assert!(
+        common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 1
+            && numsub(&redis, channel) == 1)
+        .await,
+        "B queued"
+    );
+    for step in 0..8u32 {
+        let a_lock = lock.clone();
+        let a = tokio::spawn(async move { a_lock.lock().await });
+        for _ in 0..step {
+            tokio::task::yield_now().await;
+        }
+        if step % 2 == 1 {
+            // Parked, or mid-try: the lock is held, so A is somewhere in its wait.
+            tokio::time::sleep(Duration::from_millis(u64::from(step))).await;
+        }
+        a.abort();
+        let _ = a.await;
+        check(&redis, &lock, &b, &format!("parked sibling, step {step}")).await;
+    }
+    held.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), b)
+        .await
+        .expect("B acquired once the lock was released")
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. The fencing counter
+// ---------------------------------------------------------------------------------------------
+
+/// A non-integer fencing counter gets a typed error naming the key, not a bare Redis error.
+///
+/// Fails today: every grant fails with the untyped
+/// `Redis("ERR value is not an integer or out of range script: ...")`, which does not name the
+/// key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect9_a_non_integer_fencing_counter_is_a_typed_error_naming_the_key() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("fence-nan").unwrap();
+    let fence = lock.keys().fence().to_string();
+    cmd(&redis, &["SET", &fence, "99999999999999999999"]);
+    let error = lock
+        .try_lock()
+        .await
+        .expect_err("no grant on a broken counter");
+    assert!(
+        !matches!(error, LockError::Redis(_)) && error.to_string().contains(&fence),
+        "want a typed error naming {fence:?}, got {error:?}"
+    );
+    assert!(!exists(&redis, lock.keys().hash()), "nothing was granted");
+}
+
+/// A waiter taking over its client's turn with a foreign-typed fencing counter fails with
+/// WRONGTYPE naming the counter, and leaves the reservation as it was.
+///
+/// Fails today: the error is right (`WrongType { key: "leasehold:fence" }`), but the take-over
+/// deleted the reserved hash before the script failed: the hash no longer exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect9_a_wrong_type_fencing_counter_does_not_delete_a_reservation() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("fence-list").unwrap();
+    let key = lock.keys().hash().to_string();
+    let fence = lock.keys().fence().to_string();
+    cmd(&redis, &["DEL", &fence]);
+    cmd(&redis, &["LPUSH", &fence, "not a counter"]);
+    let turn = format!("~turn:{}", client_uuid(&client));
+    cmd(&redis, &["HSET", &key, &turn, "0"]);
+    cmd(&redis, &["PEXPIRE", &key, "5000"]);
+    let result = lock.try_lock_for(Duration::from_secs(3)).await;
+    match &result {
+        Err(LockError::WrongType { key: named }) => assert_eq!(named, &fence),
+        other => panic!("want WrongType naming {fence:?}, got {other:?}"),
+    }
+    assert!(
+        exists(&redis, &key),
+        "the failed take-over deleted the reservation {key:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. A WRONGTYPE error names the wrong key
+// ---------------------------------------------------------------------------------------------
+
+/// A foreign-typed turn queue: the error names the queue key.
+///
+/// Fails today: `WrongType { key: "Operation" }` (the first word of Redis's own WRONGTYPE
+/// message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect10_a_foreign_typed_queue_is_named_in_wrong_type() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let _held = holder.lock("wq").unwrap().lock().await.unwrap();
+    let lock = waiter.lock("wq").unwrap();
+    let queue = lock.keys().queue().to_string();
+    cmd(&redis, &["SET", &queue, "foo"]);
+    let result = lock.try_lock_for(Duration::from_secs(1)).await;
+    match &result {
+        Err(LockError::WrongType { key }) => assert_eq!(key, &queue),
+        other => panic!("want WrongType naming {queue:?}, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. A bounded wait is not bounded when Redis is unreachable
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Killed,
+    Paused,
+}
+
+/// Runs `call` on a client (command timeout `command_timeout`) whose Redis became unreachable
+/// by `fault` after the client connected; returns how long it took and what it returned. A
+/// killed server is one the client has noticed is gone (its connection is down and being
+/// retried: the usual state when Redis has been down a while).
+async fn call_when_unreachable<F, Fut>(
+    fault: Fault,
+    command_timeout: Duration,
+    call: F,
+) -> (Duration, String, bool)
+where
+    F: FnOnce(Lock) -> Fut,
+    Fut: std::future::Future<Output = leasehold::Result<Option<leasehold::LockGuard>>>,
+{
+    let redis = server();
+    let client = LockClient::builder(&redis.url())
+        .command_timeout(command_timeout)
+        .build()
+        .await
+        .expect("connect");
+    let lock = client.lock("unreachable").unwrap();
+    // The connection is up before the fault.
+    assert!(!lock.is_locked().await.unwrap());
+    match fault {
+        Fault::Killed => {
+            redis.kill().unwrap();
+            assert!(
+                common::eventually(Duration::from_secs(10), || !client.redis().is_connected())
+                    .await,
+                "the client noticed the server is gone"
+            );
+        }
+        Fault::Paused => redis.pause().unwrap(),
+    }
+    let started = Instant::now();
+    // This cap only bounds the test's run time; callers check the real bound.
+    let result = tokio::time::timeout(Duration::from_secs(6), call(lock)).await;
+    let took = started.elapsed();
+    if let Fault::Paused = fault {
+        redis.resume().unwrap();
+    }
+    match result {
+        Ok(result) => (
+            took,
+            format!("{result:?}"),
+            result.as_ref().is_err_and(LockError::is_transient),
+        ),
+        Err(_) => (took, "still running".to_string(), false),
+    }
+}
+
+/// `try_lock_for(1 s)` with Redis killed, then paused: a transient error within 2.5 s (the
+/// caller must be able to tell "Redis unreachable" from "busy").
+///
+/// Fails today: killed: still running at the test's 6 s cap (uncapped it returns `Ok(None)`
+/// after ~10 s: a full command timeout waiting for the connection in `ready()`, then another
+/// for the acquire); paused: `Ok(None)` after 5.0 s (the acquire's 5 s command timeout, then
+/// the deadline has passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect11_try_lock_for_is_bounded_when_redis_is_unreachable() {
+    let bound = Duration::from_millis(2500);
+    let mut failures = Vec::new();
+    for fault in [Fault::Killed, Fault::Paused] {
+        // Default command timeout (5 s): the wait's own bound must hold whatever it is.
+        let (took, outcome, transient) =
+            call_when_unreachable(fault, Duration::from_secs(5), |lock| async move {
+                lock.try_lock_for(Duration::from_secs(1)).await
+            })
+            .await;
+        if !transient || took > bound {
+            failures.push(format!("{fault:?}: {outcome} after {took:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "want a transient error within {bound:?}: {failures:?}"
+    );
+}
+
+/// `try_lock()` with Redis killed, then paused: a transient error within the command timeout
+/// (1.5 s) plus a margin (bound 2.5 s).
+///
+/// Fails today: killed: `Err(Timeout(1.5s))` after 3.0 s (a full command timeout waiting for
+/// the connection in `ready()`, then another for the acquire). The paused case already
+/// holds today (`Err(Timeout(1.5s))` after ~1.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect11_try_lock_is_bounded_when_redis_is_unreachable() {
+    let bound = Duration::from_millis(2500);
+    let mut failures = Vec::new();
+    for fault in [Fault::Killed, Fault::Paused] {
+        let (took, outcome, transient) =
+            call_when_unreachable(fault, Duration::from_millis(1500), |lock| async move {
+                lock.try_lock().await
+            })
+            .await;
+        if !transient || took > bound {
+            failures.push(format!("{fault:?}: {outcome} after {took:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "want a transient error within {bound:?}: {failures:?}"
+    );
+}
