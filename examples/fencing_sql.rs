@@ -14,7 +14,8 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 
 /// The seed's fenced write: applied only if no newer token has written this row.
 fn sell(db: &Mutex<Connection>, who: &str, fence: FencingToken) -> Result<()> {
-    let rows = db.lock().unwrap().execute(
+    let rows_lock = db.lock().unwrap();
+    let rows = rows_lock.execute(
         "UPDATE inventory SET stock = stock - :qty, last_fence = :fence
           WHERE product_id = :id AND last_fence < :fence",
         named_params! { ":qty": 1, ":fence": i64::from(fence), ":id": 42 },
@@ -47,7 +48,7 @@ async fn main() -> Result<()> {
     let guard = lock_a
         .try_lock_with_lease(Duration::from_millis(300))
         .await?;
-    let guard = guard.expect("free at start");
+    let guard = guard.expect("free at start").detach(); // it moves to the task below
     println!("A: acquired, token {}, lease 300 ms", guard.fencing_token());
     let a = tokio::spawn({
         let db = db.clone();

@@ -55,8 +55,9 @@ async fn main() -> Result<()> {
         let shared = shared.clone();
         let lock = lock.clone();
         async move {
-            let second = shared.try_lock().await?; // same explicit owner: re-enters
-            let stranger = lock.try_lock().await?; // this task's own owner: refused
+            // Guards borrow their handle; detach() lets them leave this task.
+            let second = shared.try_lock().await?.map(|g| g.detach()); // same owner: re-enters
+            let stranger = lock.try_lock().await?.map(|g| g.detach()); // its own owner: refused
             Ok::<_, leasehold::LockError>((second, stranger))
         }
     })

@@ -20,7 +20,9 @@ async fn main() -> Result<()> {
 
     // Each tokio task is its own owner, so the three tasks below exclude each other even
     // though they share one client.
-    let guard = lock.lock().await?;
+    // detach(): the guard moves to another task, which releases it (a guard stays in its
+    // task unless detached; see LockGuard::detach).
+    let guard = lock.lock().await?.detach();
     println!("holder: acquired, releasing in 500 ms");
     let holder = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;

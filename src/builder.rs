@@ -1,4 +1,4 @@
-//! [`LockClientBuilder`]: settings with defaults that work, and connecting.
+//! [`LockClientBuilder`]: settings with defaults that work, and building a client.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,63 +8,62 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ConnectionConfig, PerformanceConfig, ReconnectPolicy};
 use fred::types::Builder;
-use leasehold_core::{LockError, Prefix, Result};
-use leasehold_watchdog::{Watchdog, WatchdogConfig};
+use leasehold_core::protocol::{Protocol, DEFAULT_TURN_GRACE};
+use leasehold_core::scripts::Scripts;
+use leasehold_core::{ClientId, DropGuard, Lease, LockError, Prefix, Result};
+use leasehold_pubsub::{NotifierSettings, ReleaseNotifier};
+use leasehold_watchdog::{ScriptRenewer, Watchdog, WatchdogConfig};
 
 use crate::client::{ClientInner, LockClient};
+use crate::connect::{connect, quit_in_background};
 
 /// Default lease of watched holds: 30 s, renewed every 10 s (Redisson's `lockWatchdogTimeout`).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default command timeout: 5 s.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Connects `client` (the command or the subscriber connection), bounded by `timeout`, and
-/// turns a failure into one clear error: fred fails fast when Redis is down, and says little.
-pub(crate) async fn connect<C: ClientLike>(client: &C, timeout: Duration) -> Result<()> {
-    let server = client
-        .client_config()
-        .server
-        .hosts()
-        .first()
-        .map(|s| s.to_string())
-        .unwrap_or_default();
-    let failed = |detail: String| {
-        // The hint fits a refused or silent server, not a TLS handshake that failed.
-        let tls = detail.contains("ertificate") || detail.to_lowercase().contains("tls");
-        let hint = if tls {
-            " (check the CA and the server certificate)"
-        } else {
-            " (is redis-server running? check the URL or REDIS_URL)"
-        };
-        LockError::Connection(fred::error::Error::new(
-            fred::error::ErrorKind::IO,
-            format!("cannot connect to Redis at {server}: {detail}{hint}"),
-        ))
-    };
-    match tokio::time::timeout(timeout, client.init()).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) => {
-            let _ = client.quit().await;
-            if error.details().starts_with("NOPERM") || error.details().contains("WRONGPASS") {
-                return Err(LockError::PermissionDenied(error.details().to_string()));
-            }
-            Err(failed(error.to_string()))
-        }
-        Err(_) => {
-            let _ = client.quit().await;
-            Err(failed(format!("no answer within {timeout:?}")))
-        }
-    }
-}
+/// How long a client keeps a lock's release channel subscribed after its last waiter on that
+/// lock left (`LockClientBuilder::subscription_linger`).
+pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::ZERO;
 
 /// Loads every script at connect, so the first lock does not pay a NOSCRIPT round trip
 /// (reloading on NOSCRIPT stays in place for restarts and SCRIPT FLUSH).
-async fn preload_scripts(redis: &Client) -> std::result::Result<(), fred::error::Error> {
+async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
     use fred::interfaces::LuaInterface;
-    let loads =
-        leasehold_core::scripts::all().map(|script| redis.script_load::<String, _>(script.lua()));
-    futures::future::try_join_all(loads).await?;
+    let loads = scripts
+        .all()
+        .map(|script| redis.script_load::<String, _>(script.lua()));
+    futures::future::try_join_all(loads)
+        .await
+        .map_err(LockError::from_redis)?;
     Ok(())
+}
+
+impl LockClient {
+    /// A builder for a client of the Redis at `url` (`redis://[user:pass@]host:port[/db]`).
+    /// A bad URL is reported by [`LockClientBuilder::build`].
+    pub fn builder(url: &str) -> LockClientBuilder {
+        LockClientBuilder::new(
+            Config::from_url(url)
+                .map_err(|e| LockError::InvalidArgument(format!("bad Redis URL: {}", e.details()))),
+        )
+    }
+
+    /// A builder from a fred [`Config`] (TLS, Sentinel, credentials...).
+    pub fn builder_from_config(config: Config) -> LockClientBuilder {
+        LockClientBuilder::new(Ok(config))
+    }
+
+    /// Connects with the defaults: prefix `leasehold`, lease 30 s, command timeout 5 s.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a bad URL, [`LockError::Connection`] when Redis cannot
+    /// be reached (fred fails fast: a server that is down errors at once).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection made before the future was dropped is closed.
+    pub async fn connect(url: &str) -> Result<LockClient> {
+        LockClient::builder(url).build().await
+    }
 }
 
 /// Builds a [`LockClient`]; every setting has a default that works.
@@ -76,6 +75,8 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     reconnect: ReconnectPolicy,
     renew_batch: usize,
+    turn_grace: Duration,
+    linger: Duration,
 }
 
 /// Shows the server, never the credentials in the fred `Config`.
@@ -91,6 +92,8 @@ impl fmt::Debug for LockClientBuilder {
             .field("lease", &self.lease)
             .field("command_timeout", &self.command_timeout)
             .field("renew_batch", &self.renew_batch)
+            .field("turn_grace", &self.turn_grace)
+            .field("subscription_linger", &self.linger)
             .finish_non_exhaustive()
     }
 }
@@ -105,6 +108,8 @@ impl LockClientBuilder {
             // Unlimited attempts, 50 ms doubling to 2 s: a lock client should come back by itself.
             reconnect: ReconnectPolicy::new_exponential(0, 50, 2_000, 2),
             renew_batch: 1000,
+            turn_grace: DEFAULT_TURN_GRACE,
+            linger: DEFAULT_SUBSCRIPTION_LINGER,
         }
     }
 
@@ -122,8 +127,8 @@ impl LockClientBuilder {
     }
 
     /// How long to wait for any Redis reply (default 5 s; above zero, at most
-    /// [`MAX_LEASE`](crate::MAX_LEASE)). A timed-out acquire is treated as "unknown" and undone
-    /// in the background.
+    /// [`MAX_LEASE`](crate::MAX_LEASE)). A timed-out state change is treated as "unknown" and
+    /// settled in the background.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -141,16 +146,38 @@ impl LockClientBuilder {
         self
     }
 
+    /// How long a release reserves the lock for the next queued client's turn, and how long
+    /// other clients stand by before trying themselves when that client does not take it
+    /// (default 25 ms; at least 1 ms). Raise it when clients reach Redis over a slow network.
+    /// Every client of one deployment should use the same value.
+    pub fn turn_grace(mut self, grace: Duration) -> Self {
+        self.turn_grace = grace;
+        self
+    }
+
+    /// How long a lock's release channel stays subscribed after this client's last waiter on
+    /// it left (default [`DEFAULT_SUBSCRIPTION_LINGER`]). A process that waits for the same lock
+    /// again within that time pays no SUBSCRIBE and no first try that is known to fail.
+    pub fn subscription_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
     /// Connects and starts the watchdog.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] for a bad URL, prefix, lease or timeout;
+    /// [`LockError::InvalidArgument`] for a bad URL, prefix, lease, grace or timeout;
     /// [`LockError::Connection`] when Redis cannot be reached;
-    /// [`LockError::PermissionDenied`] for refused credentials.
+    /// [`LockError::PermissionDenied`] for refused credentials or a user that may not load the
+    /// scripts.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection made before the future was dropped (or before an error) is
+    /// closed.
     pub async fn build(self) -> Result<LockClient> {
         let config = self.config?;
         let prefix = Prefix::new(&self.prefix)?;
-        leasehold_core::lease_millis(self.lease)?;
+        let lease = Lease::new(self.lease)?;
         if self.lease < Duration::from_millis(30) {
             return Err(LockError::InvalidArgument(format!(
                 "watchdog lease {:?} is under 30 ms: renewals every lease/3 would not keep up",
@@ -164,6 +191,12 @@ impl LockClientBuilder {
                 leasehold_core::MAX_LEASE
             )));
         }
+        if self.turn_grace < Duration::from_millis(1) || self.turn_grace > Duration::from_secs(60) {
+            return Err(LockError::InvalidArgument(format!(
+                "turn grace {:?} must be 1 ms to 60 s",
+                self.turn_grace
+            )));
+        }
         let mut builder = Builder::from_config(config);
         builder
             .set_policy(self.reconnect.clone())
@@ -173,7 +206,7 @@ impl LockClientBuilder {
                 // State changes must never be sent twice: fred resends in-flight commands after
                 // a reconnect unless this is 1. A resent acquire would count a hold twice, a
                 // resent release would release twice. Unknown outcomes are settled above fred
-                // (ClientInner::spawn_repair).
+                // (crate::release::settle).
                 max_command_attempts: 1,
                 ..ConnectionConfig::default()
             })
@@ -181,29 +214,57 @@ impl LockClientBuilder {
                 default_command_timeout: self.command_timeout,
                 ..PerformanceConfig::default()
             });
-        let redis = builder
-            .build()
-            .map_err(|e| LockError::from_redis(e, self.command_timeout))?;
+        let redis = builder.build().map_err(LockError::from_redis)?;
+        // From here on, an error or a dropped future closes the connection.
+        let close_on_failure = DropGuard::new({
+            let redis = redis.clone();
+            move || quit_in_background(&redis)
+        });
         connect(&redis, self.command_timeout).await?;
-        preload_scripts(&redis)
-            .await
-            .map_err(|e| LockError::from_redis(e, self.command_timeout))?;
-        let watchdog = Watchdog::start(
-            redis.clone(),
-            WatchdogConfig {
-                lease: self.lease,
-                batch_size: self.renew_batch,
+        let protocol = Protocol {
+            turn_grace: self.turn_grace,
+        };
+        let scripts = Scripts::for_protocol(protocol);
+        match tokio::time::timeout(self.command_timeout, preload_scripts(&redis, &scripts)).await {
+            Ok(result) => result?,
+            Err(_) => return Err(LockError::Timeout),
+        }
+        let subscriber = builder
+            .build_subscriber_client()
+            .map_err(LockError::from_redis)?;
+        let id = ClientId::random();
+        let notifier = ReleaseNotifier::new(
+            subscriber,
+            NotifierSettings {
+                client_id: id.as_str().to_string(),
+                turn_grace: self.turn_grace,
+                linger: self.linger,
+                connect_timeout: self.command_timeout,
             },
         );
+        let holds = Watchdog::start(
+            ScriptRenewer {
+                client: redis.clone(),
+                scripts: scripts.clone(),
+                timeout: self.command_timeout,
+            },
+            WatchdogConfig {
+                lease,
+                batch_size: self.renew_batch,
+                group_by_slot: redis.is_clustered(),
+            },
+        );
+        close_on_failure.disarm();
         Ok(LockClient {
-            inner: Arc::new(ClientInner::new(
+            inner: Arc::new(ClientInner {
                 redis,
+                id,
                 prefix,
-                self.lease,
-                self.command_timeout,
-                watchdog,
-                builder,
-            )),
+                command_timeout: self.command_timeout,
+                scripts,
+                holds,
+                notifier,
+            }),
         })
     }
 }

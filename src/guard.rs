@@ -2,53 +2,74 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{commands, FencingToken, LockError, LockKeys, Owner, Result};
-use leasehold_watchdog::{Hold, LeaseState};
+use leasehold_core::commands::ReleaseKind;
+use leasehold_core::{FencingToken, HoldId, Lease, LockError, Owner, Result};
+use leasehold_watchdog::HoldGuard;
 use tokio::time::Instant;
 
 use crate::client::ClientInner;
-use crate::lock::released;
-
-/// How a hold's lease is kept.
-pub(crate) enum GuardLease {
-    /// Renewed by the client's watchdog while any guard of this owner on this lock lives.
-    Watched(Hold),
-    /// An explicit lease: the hold ends exactly at the lease.
-    Fixed(Arc<LeaseState>),
-}
-
-impl GuardLease {
-    fn state(&self) -> &LeaseState {
-        match self {
-            GuardLease::Watched(hold) => hold.lease(),
-            GuardLease::Fixed(state) => state,
-        }
-    }
-}
+use crate::release::Release;
 
 /// One hold of a distributed lock.
 ///
 /// Release it with [`unlock`](LockGuard::unlock) to learn the outcome; dropping it releases in
 /// the background (on the current tokio runtime, if any; otherwise the lease ends the hold).
-/// Either way the watchdog stops renewing at once. A guard may be released from any task.
+/// Either way renewal stops at once.
+///
+/// A guard borrows the [`Lock`](crate::Lock) handle it came from (`'a`), which keeps it in the task that
+/// acquired it: that task's nested `lock()` calls re-enter the hold, which is only right while
+/// the hold is used by that task. To move it to another task (`tokio::spawn`), call
+/// [`detach`](LockGuard::detach): the hold then belongs to the guard, and the acquiring task's
+/// next `lock()` waits for it like any other task's.
+///
+/// The pattern below does not compile, because the worker would run under the lock while the
+/// loop's next `lock()` re-entered it:
+///
+/// ```compile_fail
+/// # async fn f(lock: leasehold::Lock) -> leasehold::Result<()> {
+/// loop {
+///     let guard = lock.lock().await?;
+///     tokio::spawn(async move { drop(guard) }); // error: `lock` does not live long enough
+/// }
+/// # }
+/// ```
+///
+/// Detached, the workers run one at a time:
+///
+/// ```
+/// # leasehold_testkit::with_redis(|url| async move {
+/// let client = leasehold::LockClient::connect(&url).await?;
+/// let lock = client.lock("report")?;
+/// for _ in 0..3 {
+///     let guard = lock.lock().await?.detach(); // waits until the previous worker released
+///     tokio::spawn(async move {
+///         // ... work under the lock ...
+///         guard.unlock().await
+///     });
+/// }
+/// # Ok::<(), leasehold::LockError>(()) });
+/// ```
 #[must_use = "if unused the lock is released at once"]
-pub struct LockGuard {
+pub struct LockGuard<'a> {
     client: Arc<ClientInner>,
-    keys: LockKeys,
-    owner: Owner,
+    hold: HoldId,
     fence: FencingToken,
     hold_count: u64,
-    lease: Option<GuardLease>,
+    /// This guard's share of the grant in the hold table; `None` once released.
+    share: Option<HoldGuard>,
+    /// Borrows the handle the guard came from (see the type's docs).
+    _lock: PhantomData<&'a ()>,
 }
 
-impl fmt::Debug for LockGuard {
+impl fmt::Debug for LockGuard<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("name", &self.keys.name())
-            .field("owner", &self.owner)
+            .field("name", &self.hold.keys.name())
+            .field("owner", &self.hold.owner)
             .field("fencing_token", &self.fence)
             .field("hold_count", &self.hold_count)
             .field("is_held", &self.is_held())
@@ -56,36 +77,32 @@ impl fmt::Debug for LockGuard {
     }
 }
 
-impl LockGuard {
+impl<'a> LockGuard<'a> {
     pub(crate) fn new(
         client: Arc<ClientInner>,
-        keys: LockKeys,
-        owner: Owner,
+        hold: HoldId,
         fence: FencingToken,
         hold_count: u64,
-        lease: GuardLease,
-    ) -> LockGuard {
-        if let GuardLease::Fixed(_) = lease {
-            client.add_local_hold(&keys, &owner);
-        }
+        share: HoldGuard,
+    ) -> LockGuard<'a> {
         LockGuard {
             client,
-            keys,
-            owner,
+            hold,
             fence,
             hold_count,
-            lease: Some(lease),
+            share: Some(share),
+            _lock: PhantomData,
         }
     }
 
     /// The lock name.
     pub fn name(&self) -> &str {
-        self.keys.name()
+        self.hold.keys.name()
     }
 
     /// The owner this hold is counted under.
     pub fn owner(&self) -> &Owner {
-        &self.owner
+        &self.hold.owner
     }
 
     /// The fencing token of this grant: strictly higher than any earlier grant of this lock,
@@ -100,29 +117,30 @@ impl LockGuard {
         self.hold_count
     }
 
-    /// Whether the lease is still certainly valid as far as this process knows: not found gone
-    /// by a renewal, and before the local validity deadline (send time of the last confirmed
-    /// acquire or renewal + lease - drift). `false` is final for this guard.
+    /// Whether the lease is still certainly valid as far as this process knows: the grant was
+    /// not found gone (by a renewal, or by a later acquire), and the local validity deadline
+    /// (send time of the last confirmed acquire or renewal + lease - drift) has not passed.
+    /// `false` is final for this guard.
     pub fn is_held(&self) -> bool {
-        self.lease.as_ref().is_some_and(|l| l.state().is_held())
+        self.share.as_ref().is_some_and(HoldGuard::is_held)
     }
 
     /// The instant until which the lease is certainly valid, unless renewed further.
     pub fn valid_until(&self) -> Instant {
-        self.lease
+        self.share
             .as_ref()
-            .map_or_else(Instant::now, |l| l.state().valid_until())
+            .map_or_else(Instant::now, HoldGuard::valid_until)
     }
 
-    /// Completes when the lease is lost: a renewal found the lock gone or taken, or the local
-    /// validity deadline passed without a confirmed renewal (Redis unreachable or paused, or
-    /// this process stalled).
+    /// Completes when the lease is lost: a renewal found the grant gone, or the local validity
+    /// deadline passed without a confirmed renewal (Redis unreachable or paused, or this
+    /// process stalled).
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.
     pub async fn lost(&self) {
-        if let Some(lease) = &self.lease {
-            lease.state().lost().await;
+        if let Some(share) = &self.share {
+            share.lost().await;
         }
     }
 
@@ -135,7 +153,8 @@ impl LockGuard {
     /// ```
     /// # leasehold_testkit::with_redis(|url| async move {
     /// let client = leasehold::LockClient::connect(&url).await?;
-    /// let guard = client.lock("migration")?.lock().await?;
+    /// let lock = client.lock("migration")?;
+    /// let guard = lock.lock().await?;
     /// let rows = guard.run_while_held(async { 42 }).await?;
     /// assert_eq!(rows, 42);
     /// guard.unlock().await?;
@@ -155,48 +174,71 @@ impl LockGuard {
         }
     }
 
-    /// Takes this guard's hold out of local bookkeeping (stopping renewal) and prepares its
-    /// release: whatever the reply, this guard no longer keeps the lease alive.
-    fn start_release(&mut self) -> Release {
-        let ends_within = self.valid_until().saturating_duration_since(Instant::now())
-            + self.client.command_timeout;
-        self.forget_lease();
-        Release {
+    /// Detaches this guard from the task that acquired it, so it can move to another task
+    /// (`tokio::spawn`). The hold no longer belongs to the task: until this guard is released,
+    /// the task's own `lock()` calls on this lock wait for it (or are refused by `try_lock`)
+    /// like any other task's, instead of re-entering it. Everything else is unchanged: the same
+    /// grant, token, lease and renewal.
+    ///
+    /// Detach the task's outermost hold: a task that still holds another guard of the same lock
+    /// and calls `lock()` again would wait for the detached one.
+    ///
+    /// For a guard of an explicit owner ([`Lock::with_owner`](crate::Lock::with_owner)), which
+    /// is shared on purpose,
+    /// this only frees the guard from the handle's borrow.
+    pub fn detach(mut self) -> LockGuard<'static> {
+        let mut share = self.share.take();
+        if self.hold.owner.is_task() {
+            if let Some(share) = share.as_mut() {
+                self.client.holds.detach(share);
+            }
+        }
+        LockGuard {
             client: self.client.clone(),
-            keys: self.keys.clone(),
-            owner: self.owner.clone(),
-            ends_within,
+            hold: self.hold.clone(),
+            fence: self.fence,
+            hold_count: self.hold_count,
+            share,
+            _lock: PhantomData,
         }
     }
 
-    /// Stops renewal (a watched hold) or the local count (a fixed one): this guard no longer
-    /// keeps anything alive, whatever happens to its release.
-    fn forget_lease(&mut self) {
-        if let Some(GuardLease::Fixed(_)) = self.lease.take() {
-            self.client.remove_local_hold(&self.keys, &self.owner);
+    /// Takes this guard's hold out of the hold table (stopping renewal) and prepares its
+    /// release: whatever the reply, this guard no longer keeps the lease alive.
+    fn start_release(&mut self, kind: ReleaseKind) -> Release {
+        let ends_within = self.valid_until().saturating_duration_since(Instant::now())
+            + self.client.command_timeout;
+        self.share = None;
+        Release {
+            client: self.client.clone(),
+            hold: self.hold.clone(),
+            token: Some(self.fence),
+            kind,
+            ends_within,
         }
     }
 
     fn lease_lost(&self) -> LockError {
         LockError::LeaseLost {
-            name: self.keys.name().to_string(),
+            name: self.hold.keys.name().to_string(),
         }
     }
 
     /// Releases this hold. The lock is free once every hold of the owner is released.
     ///
     /// # Errors
-    /// [`LockError::NotHeld`] when the owner no longer holds the lock (lease expired, force
+    /// [`LockError::NotHeld`] when the owner no longer holds this grant (lease expired, force
     /// unlocked); nothing changed in Redis. [`LockError::Timeout`] / [`LockError::Connection`]
-    /// when the outcome is unknown: the release is not resent (it could release twice), and the
-    /// lease ends the hold if it did not run.
+    /// when the outcome is unknown: the release is settled in the background (released if it
+    /// did not run), and the lease ends the hold if even that fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves no hold behind; a release in flight (or not yet
+    /// sent) is settled in the background.
     pub async fn unlock(mut self) -> Result<()> {
-        let release = self.start_release();
-        release.send().await
+        self.start_release(ReleaseKind::Now).send().await
     }
-}
 
-impl LockGuard {
     /// Lets this hold end by itself `after` from now instead of releasing it (ShedLock's
     /// "lock at least for": a job that finished early keeps other instances out until its slot
     /// is over). If this is the owner's last hold, the lock is handed to nobody, so not even
@@ -204,31 +246,33 @@ impl LockGuard {
     /// released (the owner's outer holds keep the lock). Renewal stops at once either way.
     ///
     /// # Errors
-    /// [`LockError::NotHeld`] when the owner no longer holds the lock;
-    /// [`LockError::InvalidArgument`] for a duration under 1 ms or over the maximum lease.
+    /// [`LockError::NotHeld`] when the owner no longer holds this grant;
+    /// [`LockError::InvalidArgument`] for a duration under 1 ms or over the maximum lease;
+    /// [`LockError::Timeout`] / [`LockError::Connection`] when the outcome is unknown: it is
+    /// settled in the background.
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::unlock`].
     pub async fn unlock_after(mut self, after: Duration) -> Result<()> {
-        let after_ms = leasehold_core::lease_millis(after)?;
-        self.forget_lease();
-        self.client.ready().await;
-        match commands::release_after(&self.client.redis, &self.keys, &self.owner, after_ms).await {
-            Ok(reply) => released(&self.keys, &self.owner, reply),
-            Err(error) => Err(self.client.map_err(error)),
-        }
+        let after = Lease::new(after)?;
+        self.start_release(ReleaseKind::After(after.millis()))
+            .send()
+            .await
     }
 }
 
-impl Drop for LockGuard {
+impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
-        if self.lease.is_none() {
-            return; // released by unlock()
+        if self.share.is_none() {
+            return; // released, or detached into another guard
         }
-        let release = self.start_release();
+        let release = self.start_release(ReleaseKind::Now);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(lock = %self.keys.name(), "guard dropped outside a tokio runtime: the lease will end the hold");
+            tracing::warn!(lock = %self.hold.keys.name(), "guard dropped outside a tokio runtime: the lease will end the hold");
             return;
         };
         runtime.spawn(async move {
-            let name = release.keys.name().to_string();
+            let name = release.hold.keys.name().to_string();
             match release.send().await {
                 Ok(()) => {}
                 Err(LockError::NotHeld { .. }) => {
@@ -239,42 +283,5 @@ impl Drop for LockGuard {
                 }
             }
         });
-    }
-}
-
-/// One release on its way: everything it needs, detached from the guard so that a dropped
-/// guard can send it from a spawned task.
-struct Release {
-    client: Arc<ClientInner>,
-    keys: LockKeys,
-    owner: Owner,
-    /// How long until the hold ends by itself if the release does not run.
-    ends_within: Duration,
-}
-
-impl Release {
-    /// Sends the release once. If the reply never comes, a repair settles it in the
-    /// background (see `ClientInner::spawn_repair`): the release is not resent blindly, which
-    /// could release twice.
-    async fn send(self) -> Result<()> {
-        self.client.ready().await;
-        match commands::release(&self.client.redis, &self.keys, &self.owner).await {
-            Ok(reply) => released(&self.keys, &self.owner, reply),
-            Err(error) => {
-                let error = self.client.map_err(error);
-                if error.is_transient() {
-                    // What Redis counts if the release did not run: the owner's other live
-                    // holds here plus this one (counted only now, on the rare path).
-                    let holds_before = self.client.local_holds(&self.keys, &self.owner) + 1;
-                    self.client.spawn_repair(
-                        &self.keys,
-                        &self.owner,
-                        holds_before,
-                        self.ends_within,
-                    );
-                }
-                Err(error)
-            }
-        }
     }
 }

@@ -27,15 +27,21 @@
 
 mod builder;
 mod client;
+mod connect;
 mod guard;
 mod lock;
+mod release;
 pub mod schedule;
+mod wait;
 
-pub use builder::{LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_LEASE};
-pub use client::LockClient;
+pub use builder::{
+    LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_LEASE, DEFAULT_SUBSCRIPTION_LINGER,
+};
+pub use client::{LockClient, LAST_TRY_BUDGET};
 pub use guard::LockGuard;
+pub use leasehold_core::protocol::DEFAULT_TURN_GRACE;
 pub use leasehold_core::{
-    FencingToken, LockError, LockKeys, Owner, Result, MAX_LEASE, MAX_NAME_LEN,
+    FencingToken, Lease, LockError, LockKeys, Owner, RedisError, Result, MAX_LEASE, MAX_NAME_LEN,
 };
 pub use leasehold_watchdog::WatchdogStats;
 pub use lock::Lock;

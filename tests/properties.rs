@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{cmd, exists, pttl, server};
 use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
 use leasehold::{LockClient, LockError, MAX_LEASE, MAX_NAME_LEN};
-use leasehold_core::commands;
+use leasehold_core::commands::{self, ReleaseKind};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use tokio::runtime::Runtime;
@@ -125,7 +125,15 @@ fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
             };
             let hash = expected_hash(&name);
             prop_assert_eq!(lock.keys().hash(), hash.as_str());
-            prop_assert_eq!(lock.keys().fence(), format!("{PREFIX}:fence"));
+            let slot = lock.keys().slot();
+            prop_assert_eq!(
+                lock.keys().fence(),
+                format!(
+                    "{PREFIX}:{{{}}}:fence",
+                    leasehold_core::slot::tag_of_slot(slot)
+                )
+            );
+            prop_assert_eq!(leasehold_core::slot::key_slot(hash.as_bytes()), slot);
             prop_assert_eq!(lock.keys().released(), format!("{hash}:released"));
             rt.block_on(async {
                 let guard = lock
@@ -143,10 +151,12 @@ fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
                 prop_assert!(other.try_lock().await.unwrap().is_none(), "{:?}", name);
                 if dice % 4 == 0 {
                     // Contended: the rival waits, is woken through the release channel.
-                    let waiting =
-                        tokio::spawn(
-                            async move { other.try_lock_for(Duration::from_secs(10)).await },
-                        );
+                    let waiting = tokio::spawn(async move {
+                        other
+                            .try_lock_for(Duration::from_secs(10))
+                            .await
+                            .map(|g| g.map(|g| g.detach()))
+                    });
                     let subscribed =
                         common::eventually(Duration::from_secs(10), || rival.waiters() == 1).await;
                     prop_assert!(subscribed, "{:?}: the rival never waited", name);
@@ -163,8 +173,8 @@ fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
         })
         .unwrap();
     assert_eq!(cases.get(), 200);
-    // Nothing outside the prefix, and nothing but the fencing counter (and queues on their way
-    // out).
+    // Nothing outside the prefix, and nothing but the slots' fencing counters (and queues on
+    // their way out).
     let keys = common::keys(&redis, "*");
     assert!(!keys.is_empty());
     for key in &keys {
@@ -173,7 +183,8 @@ fn any_lock_name_gets_a_typed_error_or_a_working_lock() {
             "key {key:?} outside the prefix"
         );
         assert!(
-            *key == format!("{PREFIX}:fence") || key.ends_with(":queue"),
+            (key.starts_with(&format!("{PREFIX}:{{")) && key.ends_with("}:fence"))
+                || key.ends_with(":queue"),
             "left behind: {key:?}"
         );
     }
@@ -300,7 +311,13 @@ fn any_duration_gets_a_typed_error_or_the_lease_it_asked_for() {
             },
         )
         .unwrap();
-    assert!(common::keys(&redis, "*").iter().all(|k| k == "prop:fence"));
+    // Only fencing counters (one per Cluster slot) stay behind.
+    let left = common::keys(&redis, "*");
+    assert!(
+        left.iter()
+            .all(|k| k.starts_with("prop:{") && k.ends_with("}:fence")),
+        "{left:?}"
+    );
 }
 
 /// Client settings: any lease and command timeout build a client or give `InvalidArgument`.
@@ -372,9 +389,8 @@ async fn every_path_on_a_key_of_another_type_is_a_typed_error() {
     let key = lock.keys().hash().to_string();
     // The hold is taken first, then someone overwrites the key.
     let watched = lock.lock().await.unwrap();
-    let fixed = client
-        .lock("foreign-fixed")
-        .unwrap()
+    let fixed_lock = client.lock("foreign-fixed").unwrap();
+    let fixed = fixed_lock
         .try_lock_with_lease(Duration::from_secs(30))
         .await
         .unwrap()
@@ -410,17 +426,20 @@ async fn every_path_on_a_key_of_another_type_is_a_typed_error() {
         Err(LockError::WrongType { .. })
     ));
     let owner = client.new_owner();
-    let renewed = commands::renew(
-        client.redis(),
-        &[(lock.keys().clone(), owner.clone())],
-        1000,
-    )
-    .await
-    .unwrap();
+    let renewed = common::renew_as(client.redis(), lock.keys(), &owner, 1).await;
     assert_eq!(renewed, [false]);
-    assert!(!commands::rollback(client.redis(), lock.keys(), &owner, 1)
-        .await
-        .unwrap());
+    // Settling an unanswered command there is refused the same way (and changes nothing).
+    assert!(matches!(
+        common::release_as(
+            client.redis(),
+            lock.keys(),
+            &owner,
+            ReleaseKind::Now,
+            Some(1)
+        )
+        .await,
+        Err(LockError::WrongType { .. })
+    ));
     for (key, value) in [
         (key.as_str(), "not a lock"),
         ("leasehold:{foreign-fixed}", "not a lock either"),
@@ -439,16 +458,19 @@ async fn a_foreign_queue_key_leaves_no_hidden_hold() {
     let holder = common::client(&redis.url()).await;
     let waiter = common::client(&redis.url()).await;
     let key = "leasehold:{queued}";
-    let held = holder
-        .lock("queued")
-        .unwrap()
+    let held_lock = holder.lock("queued").unwrap();
+    let held = held_lock
         .try_lock_with_lease(Duration::from_secs(60))
         .await
         .unwrap()
         .expect("free");
     // The waiter queues on a real queue first...
     let lock = waiter.lock("queued").unwrap();
-    let waiting = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(30)).await });
+    let waiting = tokio::spawn(async move {
+        lock.try_lock_for(Duration::from_secs(30))
+            .await
+            .map(|g| g.map(|g| g.detach()))
+    });
     assert!(
         common::eventually(Duration::from_secs(10), || cmd(
             &redis,
@@ -506,7 +528,8 @@ async fn every_path_on_an_expired_hold_is_not_held() {
         b.unlock_after(Duration::from_secs(5)).await,
         Err(LockError::NotHeld { .. })
     ));
-    let by_owner = client.lock("expired").unwrap().with_owner(owner.clone());
+    let by_owner_lock = client.lock("expired").unwrap();
+    let by_owner = by_owner_lock.with_owner(owner.clone());
     assert!(matches!(
         by_owner.unlock().await,
         Err(LockError::NotHeld { .. })
@@ -514,22 +537,15 @@ async fn every_path_on_an_expired_hold_is_not_held() {
     assert_eq!(by_owner.hold_count().await.unwrap(), 0);
     assert!(!lock.force_unlock().await.unwrap(), "nothing to remove");
     assert_eq!(
-        commands::renew(
-            client.redis(),
-            &[(lock.keys().clone(), owner.clone())],
-            1000
-        )
-        .await
-        .unwrap(),
+        common::renew_as(client.redis(), lock.keys(), &owner, 1).await,
         [false]
     );
     assert!(!exists(&redis, &key), "renewal did not resurrect the hold");
 
     // Someone else holds it now: the stale paths still cannot touch that hold.
     let c = take().await.unwrap().unwrap();
-    let theirs = rival
-        .lock("expired")
-        .unwrap()
+    let theirs_lock = rival.lock("expired").unwrap();
+    let theirs = theirs_lock
         .try_lock_for(Duration::from_secs(5))
         .await
         .unwrap()
@@ -539,9 +555,18 @@ async fn every_path_on_an_expired_hold_is_not_held() {
         by_owner.unlock().await,
         Err(LockError::NotHeld { .. })
     ));
-    assert!(!commands::rollback(client.redis(), lock.keys(), &owner, 1)
+    assert_ne!(
+        common::release_as(
+            client.redis(),
+            lock.keys(),
+            &owner,
+            ReleaseKind::Now,
+            Some(1)
+        )
         .await
-        .unwrap());
+        .unwrap(),
+        commands::Release::Released
+    );
     assert_eq!(
         common::hget(&redis, &key, theirs.owner().id()),
         Some(1),

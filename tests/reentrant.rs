@@ -23,7 +23,7 @@ async fn twenty_concurrent_try_locks_exactly_one_wins() {
         // Each spawned task is its own owner.
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            lock.try_lock().await.expect("try_lock")
+            lock.try_lock().await.expect("try_lock").map(|g| g.detach())
         }));
     }
     let mut guards = Vec::new();
@@ -52,8 +52,9 @@ async fn twenty_clients_exactly_one_wins() {
         tasks.push(tokio::spawn(async move {
             let client = LockClient::connect(&url).await.unwrap();
             barrier.wait().await;
-            let guard = client.lock("lock:pods").unwrap().try_lock().await.unwrap();
-            (client, guard)
+            let guard_lock = client.lock("lock:pods").unwrap();
+            let guard = guard_lock.try_lock().await.unwrap();
+            (client, guard.map(|g| g.detach()))
         }));
     }
     let mut won = 0;
@@ -70,13 +71,8 @@ async fn wrong_owner_cannot_unlock() {
     let redis = server();
     let owner_client = client(&redis.url()).await;
     let other_client = client(&redis.url()).await;
-    let guard = owner_client
-        .lock("lock:owner")
-        .unwrap()
-        .try_lock()
-        .await
-        .unwrap()
-        .unwrap();
+    let guard_lock = owner_client.lock("lock:owner").unwrap();
+    let guard = guard_lock.try_lock().await.unwrap().unwrap();
     let key = "leasehold:{lock:owner}";
 
     // Another client's owner, and a made-up owner id on the owner's own client.
@@ -85,10 +81,8 @@ async fn wrong_owner_cannot_unlock() {
         stranger.unlock().await,
         Err(LockError::NotHeld { .. })
     ));
-    let guessed = owner_client
-        .lock("lock:owner")
-        .unwrap()
-        .with_owner(leasehold::Owner::from_id("not-my-token"));
+    let guessed_lock = owner_client.lock("lock:owner").unwrap();
+    let guessed = guessed_lock.with_owner(leasehold::Owner::from_id("not-my-token"));
     assert!(matches!(
         guessed.unlock().await,
         Err(LockError::NotHeld { .. })
@@ -160,13 +154,8 @@ async fn reentrancy_counts_holds() {
 async fn tasks_are_distinct_owners_by_default() {
     let redis = server();
     let client = client(&redis.url()).await;
-    let guard = client
-        .lock("per-task")
-        .unwrap()
-        .try_lock()
-        .await
-        .unwrap()
-        .unwrap();
+    let guard_lock = client.lock("per-task").unwrap();
+    let guard = guard_lock.try_lock().await.unwrap().unwrap();
     let lock = client.lock("per-task").unwrap();
     let other_task = tokio::spawn(async move { lock.try_lock().await.unwrap().is_some() });
     assert!(!other_task.await.unwrap(), "another task does not re-enter");
@@ -178,10 +167,11 @@ async fn explicit_owner_is_shared_across_tasks_and_guards_release_anywhere() {
     let redis = server();
     let client = client(&redis.url()).await;
     let owner = client.new_owner();
-    let lock = client.lock("shared").unwrap().with_owner(owner.clone());
-    let first = lock.try_lock().await.unwrap().unwrap();
+    let lock_lock = client.lock("shared").unwrap();
+    let lock = lock_lock.with_owner(owner.clone());
+    let first = lock.try_lock().await.unwrap().unwrap().detach();
     let lock2 = lock.clone();
-    let second = tokio::spawn(async move { lock2.try_lock().await.unwrap() })
+    let second = tokio::spawn(async move { lock2.try_lock().await.unwrap().map(|g| g.detach()) })
         .await
         .unwrap()
         .expect("same explicit owner re-enters from another task");
@@ -198,14 +188,10 @@ async fn explicit_owner_is_shared_across_tasks_and_guards_release_anywhere() {
         .unwrap();
     assert!(!exists(&redis, "leasehold:{shared}"));
     // Two explicit owners in one task exclude each other.
-    let a = client
-        .lock("shared")
-        .unwrap()
-        .with_owner(client.new_owner());
-    let b = client
-        .lock("shared")
-        .unwrap()
-        .with_owner(client.new_owner());
+    let a_lock = client.lock("shared").unwrap();
+    let a = a_lock.with_owner(client.new_owner());
+    let b_lock = client.lock("shared").unwrap();
+    let b = b_lock.with_owner(client.new_owner());
     let held = a.try_lock().await.unwrap().unwrap();
     assert!(b.try_lock().await.unwrap().is_none());
     held.unlock().await.unwrap();
@@ -264,36 +250,33 @@ async fn fencing_tokens_strictly_increase_even_after_data_loss() {
     }
     // A counter far in the future must still be respected (stored + 1), digit for digit, and a
     // re-entry reads the same token back from the hash.
-    cmd(&redis, &["SET", "leasehold:fence", "9000000000000000"]);
+    let fence = lock.keys().fence().to_string();
+    cmd(&redis, &["SET", &fence, "9000000000000000"]);
     let guard = lock.try_lock().await.unwrap().unwrap();
     assert_eq!(guard.fencing_token().get(), 9_000_000_000_000_001);
     let again = lock.try_lock().await.unwrap().unwrap();
     assert_eq!(again.fencing_token().get(), 9_000_000_000_000_001);
     again.unlock().await.unwrap();
     guard.unlock().await.unwrap();
-    cmd(&redis, &["SET", "leasehold:fence", &last.to_string()]);
-    // The counter is one key for every lock: another name's token continues from it, and a
-    // released lock leaves no key of its own behind.
-    let other = client.lock("fenced-too").unwrap();
+    cmd(&redis, &["SET", &fence, &last.to_string()]);
+    // The counter is one key for every lock of a Cluster slot: a name of the same slot (by its
+    // hash tag) continues from it, and a released lock leaves no key of its own behind.
+    let other = client.lock("{fenced}:too").unwrap();
+    assert_eq!(other.keys().fence(), fence);
     let guard = other.try_lock().await.unwrap().unwrap();
     assert!(guard.fencing_token().get() > last);
     guard.unlock().await.unwrap();
     assert_eq!(
         common::keys(&redis, "leasehold:*"),
-        vec!["leasehold:fence".to_string()],
-        "only the shared fencing counter stays"
+        vec![fence.clone()],
+        "only the slot's fencing counter stays"
     );
 
     // Restart without persistence: every key is gone, the token still rises (server time floor).
     redis.restart().expect("restart");
     let fresh = common::client(&redis.url()).await;
-    let guard = fresh
-        .lock("fenced")
-        .unwrap()
-        .try_lock()
-        .await
-        .unwrap()
-        .unwrap();
+    let guard_lock = fresh.lock("fenced").unwrap();
+    let guard = guard_lock.try_lock().await.unwrap().unwrap();
     assert!(
         guard.fencing_token().get() > last,
         "token rose across data loss"
@@ -306,9 +289,8 @@ async fn fixed_lease_expiry_frees_the_lock() {
     let redis = server();
     let holder = client(&redis.url()).await;
     let other = common::client(&redis.url()).await;
-    let guard = holder
-        .lock("lease")
-        .unwrap()
+    let guard_lock = holder.lock("lease").unwrap();
+    let guard = guard_lock
         .try_lock_with_lease(Duration::from_secs(2))
         .await
         .unwrap()
@@ -320,9 +302,8 @@ async fn fixed_lease_expiry_frees_the_lock() {
         pttl > 0 && pttl <= 2_000,
         "PEXPIRE set to the lease: {pttl}"
     );
-    let waited = other
-        .lock("lease")
-        .unwrap()
+    let waited_lock = other.lock("lease").unwrap();
+    let waited = waited_lock
         .try_lock_for(Duration::from_secs(10))
         .await
         .unwrap()
@@ -335,13 +316,8 @@ async fn fixed_lease_expiry_frees_the_lock() {
 async fn dropping_a_guard_releases_in_the_background() {
     let redis = server();
     let client = client(&redis.url()).await;
-    let guard = client
-        .lock("dropped")
-        .unwrap()
-        .try_lock()
-        .await
-        .unwrap()
-        .unwrap();
+    let guard_lock = client.lock("dropped").unwrap();
+    let guard = guard_lock.try_lock().await.unwrap().unwrap();
     assert!(exists(&redis, "leasehold:{dropped}"));
     drop(guard);
     assert!(
@@ -454,9 +430,10 @@ async fn wrong_type_keys_are_reported_not_clobbered() {
         Some("someone else's string")
     );
     // A fence key of the wrong type is refused too, and the lock is not granted.
-    cmd(&redis, &["DEL", "leasehold:fence"]);
-    cmd(&redis, &["LPUSH", "leasehold:fence", "x"]);
     let lock = client.lock("fence-taken").unwrap();
+    let fence = lock.keys().fence().to_string();
+    cmd(&redis, &["DEL", &fence]);
+    cmd(&redis, &["LPUSH", &fence, "x"]);
     assert!(matches!(
         lock.try_lock().await,
         Err(LockError::WrongType { .. })
@@ -504,7 +481,7 @@ async fn a_release_whose_reply_was_lost_is_not_resent() {
     assert!(
         matches!(
             result,
-            Err(LockError::Connection(_)) | Err(LockError::Timeout(_))
+            Err(LockError::Connection(_)) | Err(LockError::Timeout)
         ),
         "the caller learns the outcome is unknown: {result:?}"
     );

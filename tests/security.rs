@@ -14,7 +14,8 @@ use fred::rustls::{ClientConfig, RootCertStore};
 use fred::types::config::TlsHostMapping;
 use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
 use leasehold::{LockClient, LockError, Owner};
-use leasehold_core::{commands, ClientId};
+use leasehold_core::commands::{self, ReleaseKind};
+use leasehold_core::ClientId;
 use leasehold_testkit::{RedisServer, RespValue};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -132,9 +133,14 @@ async fn tls_with_a_private_ca_works_for_every_connection() {
     };
     let holder = build().await.expect("TLS connect with the private CA");
     let waiter = build().await.unwrap();
-    let guard = holder.lock("tls").unwrap().lock().await.unwrap();
+    let guard_lock = holder.lock("tls").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     let lock = waiter.lock("tls").unwrap();
-    let waiting = tokio::spawn(async move { lock.try_lock_for(Duration::from_secs(10)).await });
+    let waiting = tokio::spawn(async move {
+        lock.try_lock_for(Duration::from_secs(10))
+            .await
+            .map(|g| g.map(|g| g.detach()))
+    });
     assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 1).await);
     // Renewed over TLS (every lease/3 = 1 s).
     assert!(
@@ -210,8 +216,8 @@ async fn tls_with_the_wrong_ca_is_refused_clearly() {
 /// `+select` when the URL names a database and `+ping` for a user without a password (fred
 /// pings instead of AUTH); `missing_rights_are_permission_denied` shows both refusals.
 const ACL_RULE: &str = "on >s3cr3t-Pa55 resetkeys ~leasehold:* resetchannels &leasehold:* -@all \
-    +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe \
-    +type +set +incr +time +hset +hexists +hincrby +hdel +hkeys +del +pexpire +pttl \
+    +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe +ping \
+    +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +del +pexpire +pttl \
     +zadd +zpopmin +publish \
     +info +client|id";
 
@@ -288,7 +294,7 @@ async fn the_documented_acl_rule_allows_every_lock_kind_and_nothing_is_refused()
         .unwrap()
         .is_none());
     let other = b.lock("acl").unwrap();
-    let waiting = tokio::spawn(async move { other.lock().await });
+    let waiting = tokio::spawn(async move { other.lock().await.map(|g| g.detach()) });
     assert!(common::eventually(Duration::from_secs(10), || b.waiters() == 1).await);
     again.unlock().await.unwrap();
     drop(guard); // background release; the turn goes to b
@@ -333,7 +339,8 @@ async fn the_documented_acl_rule_allows_every_lock_kind_and_nothing_is_refused()
     assert!(job.force_unlock().await.unwrap());
     // Lock::unlock without a guard, and an unanswered acquire's rollback (dropped mid-flight).
     let owner = a.new_owner();
-    let by_owner = a.lock("acl-owner").unwrap().with_owner(owner.clone());
+    let by_owner_lock = a.lock("acl-owner").unwrap();
+    let by_owner = by_owner_lock.with_owner(owner.clone());
     std::mem::forget(
         by_owner
             .try_lock_with_lease(Duration::from_secs(5))
@@ -341,9 +348,18 @@ async fn the_documented_acl_rule_allows_every_lock_kind_and_nothing_is_refused()
             .unwrap(),
     );
     by_owner.unlock().await.unwrap();
-    assert!(!commands::rollback(a.redis(), by_owner.keys(), &owner, 1)
+    assert_ne!(
+        common::release_as(
+            a.redis(),
+            by_owner.keys(),
+            &owner,
+            ReleaseKind::Now,
+            Some(1)
+        )
         .await
-        .unwrap());
+        .unwrap(),
+        commands::Release::Released
+    );
 
     let log = acl_log(&redis);
     assert!(log.is_empty(), "Redis refused something: {log:#?}");
@@ -352,7 +368,7 @@ async fn the_documented_acl_rule_allows_every_lock_kind_and_nothing_is_refused()
 fn denied<T>(result: &leasehold::Result<T>, what: &str) {
     match result {
         Err(LockError::PermissionDenied(message)) => {
-            assert!(!message.is_empty(), "{what}");
+            assert!(!message.to_string().is_empty(), "{what}");
             println!("{what}: {message}");
         }
         Err(error) => panic!("{what}: expected PermissionDenied, got {error:?}"),
@@ -401,7 +417,8 @@ async fn missing_rights_are_permission_denied() {
 
     // A command refused inside a script: ZADD, used only when a waiter queues.
     let holder = connect_as(&redis, "nozadd", "pw").await.unwrap();
-    let guard = holder.lock("q").unwrap().try_lock().await.unwrap().unwrap();
+    let guard_lock = holder.lock("q").unwrap();
+    let guard = guard_lock.try_lock().await.unwrap().unwrap();
     let waiter = connect_as(&redis, "nozadd", "pw").await.unwrap();
     denied(
         &waiter
@@ -416,18 +433,15 @@ async fn missing_rights_are_permission_denied() {
     // A channel refused: the waiter cannot subscribe, and the release cannot publish.
     let holder = connect_as(&redis, "nopublish", "pw").await.unwrap();
     let waiter = connect_as(&redis, "nopublish", "pw").await.unwrap();
-    let guard = holder.lock("c").unwrap().try_lock().await.unwrap().unwrap();
-    // A refused SUBSCRIBE is not reported: fred's `subscribe()` returns Ok on Redis's NOPERM
-    // reply, so leasehold cannot tell. The waiter falls back to its timers: a bounded wait
-    // still ends on time (ACL LOG shows the refusal).
-    let started = tokio::time::Instant::now();
-    let waited = waiter
-        .lock("c")
-        .unwrap()
-        .try_lock_for(Duration::from_millis(500))
-        .await;
-    assert!(matches!(waited, Ok(None)), "{waited:?}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let guard_lock = holder.lock("c").unwrap();
+    let guard = guard_lock.try_lock().await.unwrap().unwrap();
+    // A refused SUBSCRIBE: fred's `subscribe()` returns as soon as it is written, so the PING
+    // that confirms every subscription carries Redis's NOPERM reply back.
+    let waited_lock = waiter.lock("c").unwrap();
+    denied(
+        &waited_lock.try_lock_for(Duration::from_secs(2)).await,
+        "no SUBSCRIBE on the release channel",
+    );
     assert!(
         acl_log(&redis).iter().any(|e| e.contains("channel")),
         "{:?}",
@@ -440,7 +454,11 @@ async fn missing_rights_are_permission_denied() {
     );
 
     // Last (the testkit's own commands use the default user): without a password fred pings.
-    set_user(&redis, "default", &full.replace(">pw", "nopass"));
+    set_user(
+        &redis,
+        "default",
+        &full.replace(">pw", "nopass").replace("+ping", ""),
+    );
     denied(
         &LockClient::connect(&redis.url()).await,
         "no password and no +ping",
@@ -530,7 +548,8 @@ async fn passwords_never_show_in_debug_errors_or_logs() {
         .await
         .unwrap();
     let mut shown = vec![format!("{client:?}"), format!("{:?}", client.redis())];
-    let guard = client.lock("pw").unwrap().lock().await.unwrap();
+    let guard_lock = client.lock("pw").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     shown.push(format!("{guard:?}"));
     tokio::time::sleep(Duration::from_millis(400)).await; // a renewal or two
     redis.pause().unwrap(); // renewals fail, the lease is lost (warnings logged)
@@ -559,7 +578,8 @@ async fn passwords_never_show_in_debug_errors_or_logs() {
         shown.push(format!("{error}"));
         shown.push(format!("{error:?}"));
     }
-    let logged = CAPTURED.lock().unwrap().clone();
+    let logged_lock = CAPTURED.lock().unwrap();
+    let logged = logged_lock.clone();
     assert!(!logged.is_empty(), "the capture works");
     for text in shown.iter().chain([&logged]) {
         for secret in [GOOD, BAD] {
@@ -616,7 +636,8 @@ async fn guessed_owner_ids_are_refused_by_every_release_path() {
         .await
         .unwrap();
     let attacker = common::client(&redis.url()).await;
-    let guard = victim.lock("victim").unwrap().lock().await.unwrap();
+    let guard_lock = victim.lock("victim").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     let key = "leasehold:{victim}";
     let real = guard.owner().id().to_string();
 
@@ -646,24 +667,31 @@ async fn guessed_owner_ids_are_refused_by_every_release_path() {
         assert_eq!(as_guess.hold_count().await.unwrap(), 0);
         let redis_client = attacker.redis();
         assert_eq!(
-            commands::release(redis_client, lock.keys(), guess)
+            common::release_as(redis_client, lock.keys(), guess, ReleaseKind::Now, None)
                 .await
                 .unwrap(),
             commands::Release::NotHeld
         );
         assert_eq!(
-            commands::release_after(redis_client, lock.keys(), guess, 1)
-                .await
-                .unwrap(),
-            commands::Release::NotHeld
-        );
-        assert!(!commands::rollback(redis_client, lock.keys(), guess, 1)
+            common::release_as(
+                redis_client,
+                lock.keys(),
+                guess,
+                ReleaseKind::After(1),
+                None
+            )
             .await
-            .unwrap());
+            .unwrap(),
+            commands::Release::NotHeld
+        );
         assert_eq!(
-            commands::renew(redis_client, &[(lock.keys().clone(), guess.clone())], 1)
+            common::release_as(redis_client, lock.keys(), guess, ReleaseKind::Now, Some(1))
                 .await
                 .unwrap(),
+            commands::Release::NotHeld
+        );
+        assert_eq!(
+            common::renew_as(redis_client, lock.keys(), guess, 1).await,
             [false]
         );
     }

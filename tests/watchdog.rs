@@ -20,7 +20,8 @@ async fn a_job_longer_than_the_lease_keeps_the_lock() {
     let redis = server();
     let holder = client_with_lease(&redis.url(), LEASE).await;
     let other = common::client(&redis.url()).await;
-    let guard = holder.lock("long-job").unwrap().lock().await.unwrap();
+    let guard_lock = holder.lock("long-job").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     let until = Instant::now() + LEASE * 3;
     let mut samples = 0;
     let mut min_pttl = i64::MAX;
@@ -96,9 +97,8 @@ async fn renewals_never_shorten_a_longer_explicit_reentry() {
 async fn an_explicit_lease_is_never_renewed() {
     let redis = server();
     let client = client_with_lease(&redis.url(), Duration::from_millis(300)).await;
-    let guard = client
-        .lock("fixed")
-        .unwrap()
+    let guard_lock = client.lock("fixed").unwrap();
+    let guard = guard_lock
         .try_lock_with_lease(Duration::from_millis(400))
         .await
         .unwrap()
@@ -121,7 +121,8 @@ async fn force_unlock_is_noticed_within_one_renewal_period() {
     let redis = server();
     let holder = client_with_lease(&redis.url(), LEASE).await;
     let operator = common::client(&redis.url()).await;
-    let guard = holder.lock("forced").unwrap().lock().await.unwrap();
+    let guard_lock = holder.lock("forced").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     assert!(operator
         .lock("forced")
         .unwrap()
@@ -143,7 +144,8 @@ async fn force_unlock_is_noticed_within_one_renewal_period() {
 async fn work_under_the_lease_is_cancelled_when_it_is_lost() {
     let redis = server();
     let holder = client_with_lease(&redis.url(), LEASE).await;
-    let guard = holder.lock("cancel-work").unwrap().lock().await.unwrap();
+    let guard_lock = holder.lock("cancel-work").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     let lock = holder.lock("cancel-work").unwrap();
     let forcer = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -156,7 +158,8 @@ async fn work_under_the_lease_is_cancelled_when_it_is_lost() {
     );
     forcer.await.unwrap();
     // Finished work returns its value while the lease holds.
-    let guard = holder.lock("cancel-work").unwrap().lock().await.unwrap();
+    let guard_lock = holder.lock("cancel-work").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     assert_eq!(guard.run_while_held(async { 7 }).await.unwrap(), 7);
     guard.unlock().await.unwrap();
 }
@@ -172,7 +175,8 @@ async fn a_paused_redis_makes_the_hold_lost_by_the_local_deadline() {
         .build()
         .await
         .unwrap();
-    let guard = holder.lock("paused").unwrap().lock().await.unwrap();
+    let guard_lock = holder.lock("paused").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     let deadline = guard.valid_until();
     redis.pause().unwrap();
     tokio::time::timeout(LEASE + Duration::from_secs(3), guard.lost())
@@ -198,7 +202,8 @@ async fn renewal_errors_are_retried() {
         .build()
         .await
         .unwrap();
-    let guard = holder.lock("outage").unwrap().lock().await.unwrap();
+    let guard_lock = holder.lock("outage").unwrap();
+    let guard = guard_lock.lock().await.unwrap();
     // Slow the link past the command timeout for a while: renewals in that window time out.
     proxy.set_latency(Duration::from_millis(600));
     assert!(

@@ -99,7 +99,8 @@ pub fn run_child_holder_if_asked() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let client = client_with_lease(&url, lease).await;
-        let guard = client.lock(&name).unwrap().lock().await.unwrap();
+        let guard_lock = client.lock(&name).unwrap();
+        let guard = guard_lock.lock().await.unwrap();
         println!("LOCKED token={}", guard.fencing_token());
         std::future::pending::<()>().await;
     });
@@ -124,4 +125,39 @@ pub fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildPr
         .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
         .unwrap();
     child
+}
+
+/// The scripts every client uses by default (for tests that call core's typed commands).
+pub fn scripts() -> std::sync::Arc<leasehold_core::scripts::Scripts> {
+    leasehold_core::scripts::Scripts::for_protocol(leasehold_core::protocol::Protocol::default())
+}
+
+/// The renew script for one hold of `owner` in the grant `token`, with a 1 s lease.
+pub async fn renew_as(
+    redis: &fred::clients::Client,
+    keys: &leasehold::LockKeys,
+    owner: &leasehold::Owner,
+    token: u64,
+) -> Vec<bool> {
+    let hold = leasehold_core::HoldId::new(keys.clone(), owner.clone());
+    let renewal = leasehold_core::commands::Renewal {
+        hold,
+        token: leasehold::FencingToken::new(token),
+    };
+    let lease = leasehold::Lease::new(Duration::from_secs(1)).unwrap();
+    leasehold_core::commands::renew(redis, &scripts(), &[renewal], lease)
+        .await
+        .unwrap()
+}
+
+/// The release script for `owner` (any grant): `kind` now or after, `expected` to settle.
+pub async fn release_as(
+    redis: &fred::clients::Client,
+    keys: &leasehold::LockKeys,
+    owner: &leasehold::Owner,
+    kind: leasehold_core::commands::ReleaseKind,
+    expected: Option<u64>,
+) -> leasehold::Result<leasehold_core::commands::Release> {
+    let hold = leasehold_core::HoldId::new(keys.clone(), owner.clone());
+    leasehold_core::commands::release(redis, &scripts(), &hold, None, kind, expected).await
 }

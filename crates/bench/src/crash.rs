@@ -23,8 +23,8 @@ pub(crate) struct CrashRecovery {
 /// The holder process: takes the lock with an explicit lease, says so, waits to be killed.
 pub(crate) async fn hold(url: &str, name: &str, lease_ms: u64) -> anyhow::Result<()> {
     let client = LockClient::connect(url).await?;
-    let guard = client
-        .lock(name)?
+    let lock = client.lock(name)?;
+    let guard = lock
         .try_lock_with_lease(Duration::from_millis(lease_ms))
         .await?
         .ok_or_else(|| anyhow::anyhow!("lock {name} is busy"))?;

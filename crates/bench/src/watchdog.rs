@@ -36,7 +36,8 @@ pub(crate) async fn run(
         .map(|i| {
             let client = client.clone();
             async move {
-                let guard = client.lock(&format!("w:{i}"))?.try_lock().await?;
+                let lock = client.lock(&format!("w:{i}"))?;
+                let guard = lock.try_lock().await?.map(|guard| guard.detach());
                 guard.ok_or_else(|| anyhow::anyhow!("w:{i} is busy"))
             }
         })

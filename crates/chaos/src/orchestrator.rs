@@ -60,8 +60,8 @@ pub struct Cleanup {
     pub keys_without_ttl: Vec<String>,
     /// Keys other than the fencing counter still there after waiting for every TTL to run out.
     pub keys_left: Vec<String>,
-    /// `P:fence`, the prefix's fencing counter: kept by design (it keeps tokens increasing), not
-    /// counted (0 or 1).
+    /// `P:{T}:fence`, the fencing counters of the slots used: kept by design (they keep tokens
+    /// increasing), not counted (at most one per resource).
     pub fence_keys: usize,
     /// How long those keys took to disappear.
     pub expiry_wait_ms: u64,
@@ -426,9 +426,8 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
     loop {
         let redis = env.redis.clone();
         let keys = blocking(move || scan(&redis, &format!("{PREFIX}:*"))).await??;
-        let (fences, others): (Vec<String>, Vec<String>) = keys
-            .into_iter()
-            .partition(|k| *k == format!("{PREFIX}:fence"));
+        let (fences, others): (Vec<String>, Vec<String>) =
+            keys.into_iter().partition(|k| is_fence_counter(k));
         if first {
             first = false;
             cleanup.fence_keys = fences.len();
@@ -458,6 +457,15 @@ fn strings(reply: leasehold_testkit::Result<RespValue>) -> anyhow::Result<Vec<St
         bail!("expected an array, got {reply:?}");
     };
     Ok(items.iter().filter_map(|v| v.as_str()).collect())
+}
+
+/// Whether `key` is a slot's fencing counter, `P:{<digits>}:fence` (the layout of
+/// `leasehold::LockKeys::fence`).
+fn is_fence_counter(key: &str) -> bool {
+    key.strip_prefix(PREFIX)
+        .and_then(|rest| rest.strip_prefix(":{"))
+        .and_then(|rest| rest.strip_suffix("}:fence"))
+        .is_some_and(|tag| !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn scan(redis: &RedisServer, pattern: &str) -> anyhow::Result<Vec<String>> {

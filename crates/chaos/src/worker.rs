@@ -225,7 +225,7 @@ fn ms(n: u64) -> Duration {
 fn describe(error: &LockError) -> String {
     let kind = match error {
         LockError::NotHeld { .. } => "not_held",
-        LockError::Timeout(_) => "timeout",
+        LockError::Timeout => "timeout",
         LockError::Connection(_) => "connection",
         LockError::PermissionDenied(_) => "permission_denied",
         LockError::WrongType { .. } => "wrong_type",
@@ -306,7 +306,7 @@ async fn hold(
     res: u32,
     rng: &mut Rng,
     store: &mut Option<Store>,
-    guard: LockGuard,
+    guard: LockGuard<'_>,
 ) -> anyhow::Result<()> {
     let token = guard.fencing_token().get();
     ctx.check(op, &guard);
@@ -380,7 +380,7 @@ async fn run_once_op(
         ms(rng.range(20, hold_at_most.as_millis() as u64 / 2))
     };
     let valid_until =
-        begin + (hold_at_most - leasehold_watchdog::drift_for(hold_at_most)).as_micros() as i64;
+        begin + (hold_at_most - leasehold::Lease::new(hold_at_most)?.drift()).as_micros() as i64;
     let job_time = ms(rng.range(10, 300));
     let owner = lock.owner().to_string();
     let job_ctx = ctx.clone();

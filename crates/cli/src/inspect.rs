@@ -11,7 +11,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::{HashesInterface, KeysInterface, PubsubInterface};
 use fred::types::Value;
-use leasehold::{LockError, LockKeys, DEFAULT_COMMAND_TIMEOUT};
+use leasehold::{LockError, LockKeys};
 use serde::Serialize;
 
 use crate::connect::connect;
@@ -72,7 +72,7 @@ pub async fn run(url: &str, prefix: &str, name: &str, json: bool) -> anyhow::Res
 /// Reads the state of the lock `keys` in one round trip.
 pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState> {
     let pipeline = redis.pipeline();
-    let redis_error = |e| LockError::from_redis(e, DEFAULT_COMMAND_TIMEOUT);
+    let redis_error = LockError::from_redis;
     // Queuing in a pipeline sends nothing and cannot fail on the wire.
     let _: () = pipeline.r#type(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline.hgetall(keys.hash()).await.map_err(redis_error)?;

@@ -12,7 +12,7 @@ use fred::interfaces::{HashesInterface, KeysInterface};
 use fred::types::scan::ScanType;
 use fred::types::Value;
 use futures::TryStreamExt;
-use leasehold::{LockError, LockKeys, DEFAULT_COMMAND_TIMEOUT};
+use leasehold::{LockError, LockKeys};
 use leasehold_core::Prefix;
 use serde::Serialize;
 
@@ -71,7 +71,7 @@ pub async fn list(
     prefix: &Prefix,
     pattern: &str,
 ) -> anyhow::Result<Vec<ListedLock>> {
-    let redis_error = |e| LockError::from_redis(e, DEFAULT_COMMAND_TIMEOUT);
+    let redis_error = LockError::from_redis;
     let keys: BTreeSet<String> = redis
         .scan_buffered(
             format!("{}:*", glob::escape(prefix.as_str())),
@@ -197,6 +197,7 @@ mod tests {
             Some("order:{42}:pay")
         );
         assert_eq!(name("leasehold:fence"), None);
+        assert_eq!(name("leasehold:{1742}:fence"), None);
         assert_eq!(name("leasehold:{inventory:42}:queue"), None);
         assert_eq!(name("leasehold:plain"), None);
         assert_eq!(name("other:{x}"), None);

@@ -97,7 +97,7 @@ async fn inspect_shows_holder_lease_fence_and_waiters() {
     let guard = lock.lock().await.unwrap();
     let waiting = {
         let lock = waiter.lock("inventory:42").unwrap();
-        tokio::spawn(async move { lock.lock().await })
+        tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
     };
     wait_for_subscribers(&holder, lock.keys().released(), 1).await;
 
@@ -175,7 +175,9 @@ async fn list_shows_locks_under_the_prefix_only() {
         redis.command(&["PEXPIRE", key, "60000"]).unwrap();
     }
     // Not locks: a fencing counter, a string, a hash that is not a hold count map.
-    redis.command(&["SET", "leasehold:fence", "12"]).unwrap();
+    redis
+        .command(&["SET", "leasehold:{5}:fence", "12"])
+        .unwrap();
     redis.command(&["SET", "leasehold:{str}", "x"]).unwrap();
     redis
         .command(&["HSET", "leasehold:{odd}", "field", "text"])
@@ -248,7 +250,7 @@ async fn unlock_force_yes_releases_and_wakes_the_waiter() {
     let guard = lock.lock().await.unwrap();
     let waiting = {
         let lock = waiter.lock("stuck").unwrap();
-        tokio::spawn(async move { lock.lock().await })
+        tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
     };
     wait_for_subscribers(&holder, lock.keys().released(), 1).await;
 

@@ -1,25 +1,38 @@
-//! One typed call per script: arguments in, a typed reply out.
+//! One typed call per script: arguments in, a typed reply (or a classified [`LockError`]) out.
 //!
 //! These functions send exactly one script call (plus SCRIPT LOAD after NOSCRIPT) and never
-//! wait or retry: waiting and renewal policy live in the crates above.
+//! wait or retry: waiting, deadlines and renewal policy live in the crates above.
 
 use std::time::Duration;
 
 use fred::interfaces::LuaInterface;
-use fred::prelude::{Error as FredError, ErrorKind, Value};
+use fred::prelude::Value;
 use fred::types::Key;
 
-use crate::scripts::{ACQUIRE, FORCE_UNLOCK, RELEASE, RELEASE_AFTER, RENEW, ROLLBACK};
-use crate::{FencingToken, LockKeys, Owner};
+use crate::error::from_fred;
+use crate::scripts::Scripts;
+use crate::{FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
 
-/// How long a released lock stays reserved for the client whose turn it is, and how long other
-/// clients wait before trying themselves when that client does not take it (crashed, or its
-/// waiter left). Loopback handoffs take well under a millisecond; 25 ms also covers a LAN.
-///
-/// The release script has this value written in (it is not sent with each call); a test keeps
-/// the two equal. The scripts also name PUBLISH directly: Redis Cluster support would ship
-/// variants with SPUBLISH, so the message stays in the lock's slot.
-pub const TURN_GRACE: Duration = Duration::from_millis(25);
+/// How an acquire is sent (see `scripts/acquire.lua`).
+#[derive(Clone, Copy, Debug)]
+pub enum AcquireMode<'a> {
+    /// A plain try: a free lock is granted; nothing else changes.
+    Try,
+    /// Re-enter the grant with this token, which the client holds under the owner.
+    Reenter(FencingToken),
+    /// A subscribed waiter: may take a turn reserved for its client, and queues its client.
+    Waiter(Waiter<'a>),
+}
+
+/// A subscribed waiter's place in the turn queue.
+#[derive(Clone, Copy, Debug)]
+pub struct Waiter<'a> {
+    /// The waiter's client id ([`ClientId::as_str`](crate::ClientId::as_str)).
+    pub client: &'a str,
+    /// Whether that client has other waiters on this lock (it then stays queued after this
+    /// waiter's turn, at the back).
+    pub more: bool,
+}
 
 /// The reply of the acquire script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,32 +44,37 @@ pub enum Acquire {
         /// The fencing token of the grant this hold belongs to.
         fence: FencingToken,
     },
-    /// Held by another owner.
+    /// Held by another owner, or reserved for another client's turn.
     Held {
-        /// The remaining lease of the current holder (`None`: the key has no TTL).
+        /// How long the holder's lease (or the reservation) has left (`None`: no TTL).
         ttl: Option<Duration>,
     },
 }
 
-/// The reply of the release script.
+/// The reply of the release and release-after scripts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Release {
-    /// One hold released; `remaining` 0 means the owner's last hold is gone. After `release`
-    /// the release was published and the lock is free, or reserved for a queued client's turn;
-    /// after `release_after` the lock stays, owned by nobody, until its tail runs out.
-    Released {
-        /// Holds the owner still has.
-        remaining: u64,
-    },
-    /// The owner held nothing; nothing changed.
+    /// One hold released (or, for release-after, handed to nobody).
+    Released,
+    /// The owner held nothing under that token; nothing changed.
     NotHeld,
+    /// Settling only: the owner's count was not the expected one; nothing changed.
+    Unchanged,
 }
 
-fn parse_error(script: &str, value: &Value) -> FredError {
-    FredError::new(
-        ErrorKind::Parse,
-        format!("unexpected reply from the {script} script: {value:?}"),
-    )
+/// What a release does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseKind {
+    /// Release one hold now.
+    Now,
+    /// Let the last hold end this many milliseconds from now (`release_after.lua`).
+    After(u64),
+}
+
+fn parse_error(script: &str, value: &Value) -> LockError {
+    LockError::Redis(crate::error::RedisError::connection(format!(
+        "unexpected reply from the {script} script: {value:?}"
+    )))
 }
 
 /// An integer reply element; scripts may also answer decimal text (fencing tokens).
@@ -70,43 +88,43 @@ fn int_at(values: &[Value], i: usize) -> Option<i64> {
     })
 }
 
-/// A subscribed waiter's place in the turn queue (see `scripts/acquire.lua`).
-#[derive(Clone, Copy, Debug)]
-pub struct Waiter<'a> {
-    /// The waiter's client id ([`ClientId::as_str`](crate::ClientId::as_str)).
-    pub client: &'a str,
-    /// Whether that client has other waiters on this lock (it then stays queued after this
-    /// waiter's turn, at the back).
-    pub more: bool,
-}
-
-/// Runs the acquire script for `owner` with a lease of `lease_ms` milliseconds. A subscribed
-/// `waiter` joins the turn queue when the lock is held, and takes its turn when granted.
+/// Runs the acquire script for `owner` with `lease`.
 pub async fn acquire<C: LuaInterface + Send + Sync>(
     client: &C,
+    scripts: &Scripts,
     keys: &LockKeys,
     owner: &Owner,
-    lease_ms: u64,
-    waiter: Option<Waiter<'_>>,
-) -> Result<Acquire, FredError> {
-    let reply: Value = ACQUIRE
+    lease: Lease,
+    mode: AcquireMode<'_>,
+) -> Result<Acquire> {
+    let reply: Value = scripts
+        .acquire
         .call(client, || {
             let mut key_list = Vec::with_capacity(3);
             key_list.push(Key::from(keys.hash_str()));
             key_list.push(Key::from(keys.fence_str()));
-            let mut args = Vec::with_capacity(5);
+            let mut args = Vec::with_capacity(6);
             args.push(Value::from(owner.id_str().clone()));
-            args.push(Value::from(lease_ms as i64));
+            args.push(Value::from(lease.millis() as i64));
             // A plain try sends only what the grant needs (see the script's header).
-            if let Some(w) = &waiter {
-                key_list.push(Key::from(keys.queue_str()));
-                args.push(Value::from(w.client));
-                args.push(Value::from(if w.more { "1" } else { "0" }));
-                args.push(Value::from(keys.released_str().clone()));
+            match mode {
+                AcquireMode::Try => {}
+                AcquireMode::Reenter(token) => {
+                    args.push(Value::from("r"));
+                    args.push(Value::from(token.to_string()));
+                }
+                AcquireMode::Waiter(w) => {
+                    key_list.push(Key::from(keys.queue_str()));
+                    args.push(Value::from("w"));
+                    args.push(Value::from(w.client));
+                    args.push(Value::from(if w.more { "1" } else { "0" }));
+                    args.push(Value::from(keys.released_str().clone()));
+                }
             }
             (key_list.into(), Value::Array(args))
         })
-        .await?;
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash(), keys.fence(), keys.queue()]))?;
     let values = match &reply {
         Value::Array(values) => values,
         // A new grant answers its token alone.
@@ -124,8 +142,6 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
         (Some(0), Some(pttl)) => Ok(Acquire::Held {
             ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
         }),
-        // A re-entry reports fence 0 only if someone removed the hash's `~fence` under a live
-        // lock; the hold is real, so it is returned (a fenced store refuses token 0 anyway).
         (Some(count), Some(fence)) if count > 1 && fence >= 0 => Ok(Acquire::Granted {
             hold_count: count as u64,
             fence: FencingToken::new(fence as u64),
@@ -134,109 +150,103 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     }
 }
 
-/// Runs the release script: releases one hold of `owner`.
+/// Runs the release (or release-after) script for one hold of `hold`'s owner in the grant
+/// `token` (`None`: any grant, when settling an acquire whose reply never came). With
+/// `expected`, it settles an unanswered command instead: one hold is released only if the
+/// owner's count is exactly `expected`.
 pub async fn release<C: LuaInterface + Send + Sync>(
     client: &C,
-    keys: &LockKeys,
-    owner: &Owner,
-) -> Result<Release, FredError> {
-    let reply: Value = RELEASE
-        .call(client, || {
-            (
-                vec![Key::from(keys.hash_str()), Key::from(keys.queue_str())].into(),
-                Value::Array(vec![
-                    Value::from(owner.id_str().clone()),
-                    Value::from(keys.released_str().clone()),
-                ]),
-            )
-        })
-        .await?;
-    parse_release("release", reply)
-}
-
-/// Runs the release-after script: the owner's last hold stays (owned by nobody) for
-/// `after_ms` more milliseconds; a re-entered hold is released as usual.
-pub async fn release_after<C: LuaInterface + Send + Sync>(
-    client: &C,
-    keys: &LockKeys,
-    owner: &Owner,
-    after_ms: u64,
-) -> Result<Release, FredError> {
-    let reply: Value = RELEASE_AFTER
-        .call(client, || {
-            (
-                Key::from(keys.hash_str()).into(),
-                Value::Array(vec![
-                    Value::from(owner.id_str().clone()),
-                    Value::from(after_ms as i64),
-                ]),
-            )
-        })
-        .await?;
-    parse_release("release_after", reply)
-}
-
-fn parse_release(script: &str, reply: Value) -> Result<Release, FredError> {
+    scripts: &Scripts,
+    hold: &HoldId,
+    token: Option<FencingToken>,
+    kind: ReleaseKind,
+    expected: Option<u64>,
+) -> Result<Release> {
+    let keys = &hold.keys;
+    let token = token.map_or_else(String::new, |t| t.to_string());
+    let reply: Value = match kind {
+        ReleaseKind::Now => {
+            scripts
+                .release
+                .call(client, || {
+                    let mut args = Vec::with_capacity(4);
+                    args.push(Value::from(hold.owner.id_str().clone()));
+                    args.push(Value::from(keys.released_str().clone()));
+                    args.push(Value::from(token.as_str()));
+                    if let Some(expected) = expected {
+                        args.push(Value::from(expected as i64));
+                    }
+                    (
+                        vec![Key::from(keys.hash_str()), Key::from(keys.queue_str())].into(),
+                        Value::Array(args),
+                    )
+                })
+                .await
+        }
+        ReleaseKind::After(after_ms) => {
+            scripts
+                .release_after
+                .call(client, || {
+                    let mut args = Vec::with_capacity(4);
+                    args.push(Value::from(hold.owner.id_str().clone()));
+                    args.push(Value::from(after_ms as i64));
+                    args.push(Value::from(token.as_str()));
+                    if let Some(expected) = expected {
+                        args.push(Value::from(expected as i64));
+                    }
+                    (Key::from(keys.hash_str()).into(), Value::Array(args))
+                })
+                .await
+        }
+    }
+    .map_err(|e| from_fred(e, &[keys.hash(), keys.queue()]))?;
     match reply.as_i64() {
         Some(-1) => Ok(Release::NotHeld),
-        Some(remaining) if remaining >= 0 => Ok(Release::Released {
-            remaining: remaining as u64,
-        }),
-        _ => Err(parse_error(script, &reply)),
+        Some(-2) => Ok(Release::Unchanged),
+        Some(remaining) if remaining >= 0 => Ok(Release::Released),
+        _ => Err(parse_error("release", &reply)),
     }
 }
 
-/// Runs the rollback script: takes back one hold of `owner` if its count is exactly
-/// `expected_count` (what an unanswered acquire would have produced). Returns whether it did.
-pub async fn rollback<C: LuaInterface + Send + Sync>(
-    client: &C,
-    keys: &LockKeys,
-    owner: &Owner,
-    expected_count: u64,
-) -> Result<bool, FredError> {
-    let undone: i64 = ROLLBACK
-        .call(client, || {
-            (
-                Key::from(keys.hash_str()).into(),
-                Value::Array(vec![
-                    Value::from(owner.id_str().clone()),
-                    Value::from(expected_count as i64),
-                    Value::from(keys.released_str().clone()),
-                ]),
-            )
-        })
-        .await?;
-    Ok(undone == 1)
+/// One hold to renew: which grant of which owner on which lock.
+#[derive(Clone, Debug)]
+pub struct Renewal {
+    /// The hold.
+    pub hold: HoldId,
+    /// The token of the grant it belongs to.
+    pub token: FencingToken,
 }
 
-/// Runs the renew script over `holds` (lock, owner) with a lease of `lease_ms`.
-/// Returns, in order, whether each hold was still held (and is now renewed).
+/// Runs the renew script over `holds` with `lease`. Returns, in order, whether each grant was
+/// still held (and is now renewed).
 ///
 /// On Redis Cluster every key of one call must share a slot: the caller groups by slot.
 pub async fn renew<C: LuaInterface + Send + Sync>(
     client: &C,
-    holds: &[(LockKeys, Owner)],
-    lease_ms: u64,
-) -> Result<Vec<bool>, FredError> {
+    scripts: &Scripts,
+    holds: &[Renewal],
+    lease: Lease,
+) -> Result<Vec<bool>> {
     if holds.is_empty() {
         return Ok(Vec::new());
     }
-    let reply: Value = RENEW
+    let reply: Value = scripts
+        .renew
         .call(client, || {
             let keys: Vec<Key> = holds
                 .iter()
-                .map(|(keys, _)| Key::from(keys.hash_str()))
+                .map(|r| Key::from(r.hold.keys.hash_str()))
                 .collect();
-            let mut args = Vec::with_capacity(holds.len() + 1);
-            args.push(Value::from(lease_ms as i64));
-            args.extend(
-                holds
-                    .iter()
-                    .map(|(_, owner)| Value::from(owner.id_str().clone())),
-            );
+            let mut args = Vec::with_capacity(2 * holds.len() + 1);
+            args.push(Value::from(lease.millis() as i64));
+            for r in holds {
+                args.push(Value::from(r.hold.owner.id_str().clone()));
+                args.push(Value::from(r.token.to_string()));
+            }
             (keys.into(), Value::Array(args))
         })
-        .await?;
+        .await
+        .map_err(|e| from_fred(e, &[holds[0].hold.keys.hash()]))?;
     match &reply {
         Value::Array(values) if values.len() == holds.len() => {
             Ok(values.iter().map(|v| v.as_i64() == Some(1)).collect())
@@ -251,41 +261,54 @@ pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>
     client: &C,
     keys: &LockKeys,
     client_id: &str,
-) -> Result<(), FredError> {
-    client.zrem::<(), _, _>(keys.queue(), client_id).await
+) -> Result<()> {
+    client
+        .zrem::<(), _, _>(keys.queue_str().clone(), client_id)
+        .await
+        .map_err(|e| from_fred(e, &[keys.queue()]))
 }
 
 /// Runs the force-unlock script: removes the lock whoever holds it and publishes the release.
 /// Returns whether there was a lock.
 pub async fn force_unlock<C: LuaInterface + Send + Sync>(
     client: &C,
+    scripts: &Scripts,
     keys: &LockKeys,
-) -> Result<bool, FredError> {
-    let removed: i64 = FORCE_UNLOCK
+) -> Result<bool> {
+    let removed: i64 = scripts
+        .force_unlock
         .call(client, || {
             (
                 Key::from(keys.hash_str()).into(),
                 Value::Array(vec![Value::from(keys.released_str().clone())]),
             )
         })
-        .await?;
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(removed == 1)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::TURN_GRACE;
-    use crate::scripts::RELEASE;
+/// Whether any owner holds (or a turn reserves) the lock.
+pub async fn is_locked<C: fred::interfaces::KeysInterface + Send + Sync>(
+    client: &C,
+    keys: &LockKeys,
+) -> Result<bool> {
+    let n: i64 = client
+        .exists(keys.hash_str().clone())
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    Ok(n == 1)
+}
 
-    #[test]
-    fn release_script_reserves_turns_for_turn_grace() {
-        let pexpire = format!(
-            "redis.call('PEXPIRE', KEYS[1], '{}')",
-            TURN_GRACE.as_millis()
-        );
-        assert!(
-            RELEASE.lua().contains(&pexpire),
-            "release.lua must use TURN_GRACE"
-        );
-    }
+/// The hold count of `owner` on the lock (0 if it holds nothing).
+pub async fn hold_count<C: fred::interfaces::HashesInterface + Send + Sync>(
+    client: &C,
+    keys: &LockKeys,
+    owner: &Owner,
+) -> Result<u64> {
+    let count: Option<u64> = client
+        .hget(keys.hash_str().clone(), owner.id_str().clone())
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    Ok(count.unwrap_or(0))
 }

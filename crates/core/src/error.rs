@@ -1,6 +1,7 @@
-//! One error type for every lock operation, so callers can match on what went wrong.
+//! One error type for every lock operation, so callers can match on what went wrong, and the
+//! one place where a Redis client error is classified.
 
-use std::time::Duration;
+use std::fmt;
 
 use fred::error::{Error as FredError, ErrorKind};
 
@@ -11,11 +12,11 @@ pub type Result<T, E = LockError> = std::result::Result<T, E>;
 ///
 /// The variants separate what a caller reacts to differently: a lock that is not yours
 /// ([`NotHeld`](Self::NotHeld)), a server that did not answer in time, so the outcome is unknown
-/// ([`Timeout`](Self::Timeout)), a broken connection ([`Connection`](Self::Connection)), a
-/// refusal by Redis ([`Redis`](Self::Redis), [`WrongType`](Self::WrongType),
-/// [`PermissionDenied`](Self::PermissionDenied)), a bad argument caught before anything was sent
-/// ([`InvalidArgument`](Self::InvalidArgument)) and a hold whose lease ran out
-/// ([`LeaseLost`](Self::LeaseLost)).
+/// ([`Timeout`](Self::Timeout)), a connection that is broken or a server that cannot serve right
+/// now ([`Connection`](Self::Connection)), a refusal by Redis ([`Redis`](Self::Redis),
+/// [`WrongType`](Self::WrongType), [`PermissionDenied`](Self::PermissionDenied)), a bad argument
+/// caught before anything was sent ([`InvalidArgument`](Self::InvalidArgument)) and a hold whose
+/// lease ran out ([`LeaseLost`](Self::LeaseLost)).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
@@ -28,25 +29,28 @@ pub enum LockError {
         /// The owner that tried to release.
         owner: String,
     },
-    /// Redis did not answer within the command timeout. The command may or may not have run;
-    /// leasehold undoes an acquire it cannot confirm, and a hold always ends with its lease.
-    #[error("Redis did not answer within {0:?}: the outcome is unknown")]
-    Timeout(Duration),
-    /// The connection to Redis failed or was lost (including Redis being down at connect).
+    /// Redis did not answer in time (the command timeout, or what was left of a bounded wait).
+    /// The command may or may not have run; leasehold settles a state change it cannot confirm,
+    /// and a hold always ends with its lease.
+    #[error("Redis did not answer in time: the outcome is unknown")]
+    Timeout,
+    /// The connection to Redis failed or was lost (including Redis being down at connect), or
+    /// the server cannot serve right now (loading, busy, failing over).
     #[error("connection to Redis failed: {0}")]
-    Connection(#[source] FredError),
-    /// Redis refused the command (ACL): the user lacks a command, key or channel permission.
+    Connection(#[source] RedisError),
+    /// Redis refused the command (ACL, or refused credentials): the user lacks a command, key
+    /// or channel permission.
     #[error("Redis refused the command (check the ACL rule in docs/guide.md): {0}")]
-    PermissionDenied(String),
-    /// A key of another type already sits where the lock's keys belong.
-    #[error("key {key:?} holds a value of another type (WRONGTYPE): it is not a leasehold lock")]
+    PermissionDenied(#[source] RedisError),
+    /// A key of another type already sits where one of the lock's keys belongs.
+    #[error("key {key:?} holds a value of another type (WRONGTYPE): it is not a leasehold key")]
     WrongType {
-        /// The offending key, as Redis reported it.
+        /// The offending key.
         key: String,
     },
-    /// Any other error reply from Redis, with its message.
+    /// Any other error reply from Redis.
     #[error("Redis error: {0}")]
-    Redis(String),
+    Redis(#[source] RedisError),
     /// A bad argument (empty or too long name, zero lease, ...), refused before anything was sent.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -58,46 +62,187 @@ pub enum LockError {
     },
 }
 
+/// An error from Redis or from the connection to it, as the source of a [`LockError`]. Its
+/// text is the client's or the server's own.
+pub struct RedisError(FredError);
+
+impl fmt::Display for RedisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.details())
+    }
+}
+
+impl fmt::Debug for RedisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisError({:?}: {})", self.0.kind(), self.0.details())
+    }
+}
+
+impl std::error::Error for RedisError {}
+
+impl RedisError {
+    /// An error with this message, as if the connection had failed with it.
+    pub fn connection(message: impl Into<String>) -> RedisError {
+        RedisError(FredError::new(ErrorKind::IO, message.into()))
+    }
+}
+
+/// What a Redis client error means for leasehold, decided once from its structure: fred's error
+/// kind, and for a server's error reply its code (the first word, by the RESP convention), plus,
+/// for a leasehold script's own `WRONGTYPE <i>` reply, the index of the offending key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    Timeout,
+    Connection,
+    NoScript,
+    PermissionDenied,
+    /// WRONGTYPE; `Some(i)`: the script named its KEYS[i] (1-based).
+    WrongType(Option<usize>),
+    Other,
+}
+
+/// Server error codes after which a retry later may succeed: the server is loading, running a
+/// long script, failing over, or its cluster is reconfiguring.
+const UNAVAILABLE_CODES: [&str; 6] = [
+    "LOADING",
+    "BUSY",
+    "MASTERDOWN",
+    "READONLY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+];
+
+pub(crate) fn classify(error: &FredError) -> Class {
+    match error.kind() {
+        ErrorKind::Timeout => return Class::Timeout,
+        ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::Routing => {
+            return Class::Connection
+        }
+        ErrorKind::Auth => return Class::PermissionDenied,
+        _ => {}
+    }
+    let details = error.details();
+    let mut words = details.split_whitespace();
+    let code = words.next().unwrap_or("");
+    // A server error reply starts with an upper-case code; fred's own failures (a command it
+    // could not route or write, a connection lost under it) are sentences.
+    let is_code = !code.is_empty()
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !is_code {
+        return match error.kind() {
+            ErrorKind::Unknown | ErrorKind::Protocol => Class::Connection,
+            _ => Class::Other,
+        };
+    }
+    match code {
+        "NOSCRIPT" => Class::NoScript,
+        "NOPERM" | "NOAUTH" | "WRONGPASS" => Class::PermissionDenied,
+        "WRONGTYPE" => Class::WrongType(words.next().and_then(|w| w.parse().ok())),
+        code if UNAVAILABLE_CODES.contains(&code) => Class::Connection,
+        // Inside a script Redis 7 reports a refused command as "ERR ... script: ..." with the
+        // ACL's own words; older servers say "The user executing the script can't run this
+        // command or subcommand". Both are ACL refusals, and both start with ERR.
+        "ERR" if details.contains("NOPERM") || details.contains("user executing the script") => {
+            Class::PermissionDenied
+        }
+        _ => Class::Other,
+    }
+}
+
 impl LockError {
     /// Whether the error is transient (timeout or connection): retrying later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, LockError::Timeout(_) | LockError::Connection(_))
+        matches!(self, LockError::Timeout | LockError::Connection(_))
     }
 
-    /// Maps a fred error to the variant a caller can act on. `timeout` is the command timeout
-    /// that was in force, reported in [`LockError::Timeout`].
-    pub fn from_redis(error: FredError, timeout: Duration) -> LockError {
-        let details = error.details();
-        if let Some(rest) = details.strip_prefix("WRONGTYPE ") {
-            let key = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            return LockError::WrongType { key };
+    /// Maps an error of the Redis client to the variant a caller can act on, for code that runs
+    /// its own commands through [`LockClient::redis`](https://docs.rs/leasehold). A WRONGTYPE
+    /// reply names no key here: use [`LockError::from_redis_on`] when the key is known.
+    pub fn from_redis(error: FredError) -> LockError {
+        from_fred(error, &[])
+    }
+
+    /// As [`LockError::from_redis`], for a command or script about `keys`: a WRONGTYPE reply is
+    /// reported for the key the script named, or the first key.
+    pub fn from_redis_on(error: FredError, keys: &[&str]) -> LockError {
+        from_fred(error, keys)
+    }
+}
+
+pub(crate) fn from_fred(error: FredError, keys: &[&str]) -> LockError {
+    match classify(&error) {
+        Class::Timeout => LockError::Timeout,
+        Class::Connection => LockError::Connection(RedisError(error)),
+        Class::PermissionDenied => LockError::PermissionDenied(RedisError(error)),
+        Class::WrongType(index) => {
+            let key = index
+                .and_then(|i| keys.get(i.checked_sub(1)?))
+                .or(keys.first())
+                .map_or_else(String::new, |k| k.to_string());
+            LockError::WrongType { key }
         }
-        if details.starts_with("WRONGTYPE") {
-            return LockError::WrongType { key: String::new() };
-        }
-        // NOPERM at the top level; inside a script Redis says "The user executing the script
-        // can't run this command or subcommand" / "...no permissions to access ...".
-        if details.starts_with("NOPERM")
-            || details.contains("user executing the script")
-            || *error.kind() == ErrorKind::Auth
-        {
-            return LockError::PermissionDenied(details.to_string());
-        }
-        match error.kind() {
-            ErrorKind::Timeout => LockError::Timeout(timeout),
-            ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::Routing => {
-                LockError::Connection(error)
+        Class::NoScript | Class::Other => match error.kind() {
+            ErrorKind::Config | ErrorKind::Url => {
+                LockError::InvalidArgument(error.details().to_string())
             }
-            ErrorKind::Config | ErrorKind::Url => LockError::InvalidArgument(details.to_string()),
-            // fred's "Failed to route command." means no connection was there to write to.
-            _ if details.contains("onnection") || details.contains("route command") => {
-                LockError::Connection(error)
-            }
-            _ => LockError::Redis(details.to_string()),
-        }
+            _ => LockError::Redis(RedisError(error)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(text: &str) -> FredError {
+        fred::error::Error::new(ErrorKind::Unknown, text.to_string())
+    }
+
+    #[test]
+    fn classes() {
+        let keys = ["lock", "fence", "queue"];
+        assert!(matches!(
+            from_fred(reply("WRONGTYPE 3 the turn queue holds another type"), &keys),
+            LockError::WrongType { key } if key == "queue"
+        ));
+        assert!(matches!(
+            from_fred(reply("WRONGTYPE Operation against a key holding the wrong kind of value"), &keys),
+            LockError::WrongType { key } if key == "lock"
+        ));
+        assert!(matches!(
+            from_fred(
+                reply("NOPERM this user has no permissions to run the 'publish' command"),
+                &keys
+            ),
+            LockError::PermissionDenied(_)
+        ));
+        assert!(matches!(
+            from_fred(reply("Failed to route command."), &keys),
+            LockError::Connection(_)
+        ));
+        assert!(matches!(
+            from_fred(
+                reply("LOADING Redis is loading the dataset in memory"),
+                &keys
+            ),
+            LockError::Connection(_)
+        ));
+        assert!(matches!(
+            from_fred(reply("ERR value is not an integer or out of range"), &keys),
+            LockError::Redis(_)
+        ));
+        assert!(matches!(
+            from_fred(
+                FredError::new(ErrorKind::Timeout, "Request timed out."),
+                &keys
+            ),
+            LockError::Timeout
+        ));
+        assert_eq!(
+            classify(&reply("NOSCRIPT No matching script.")),
+            Class::NoScript
+        );
     }
 }

@@ -6,27 +6,28 @@
 //! |---------------------|--------|-------------------------------------------------------|
 //! | `P:{N}`             | hash   | owner id -> hold count, and `~fence` -> this grant's  |
 //! |                     |        | fencing token; PEXPIRE = the lease                    |
-//! | `P:{N}:released`    | channel| published when a lock becomes free                    |
+//! | `P:{N}:released`    | channel| published when a lock becomes free or changes turn    |
 //! | `P:{N}:queue`       | zset   | clients with waiters, in turn order (contended only)  |
-//! | `P:fence`           | string | last fencing token handed out under the prefix, no TTL|
+//! | `P:{T}:fence`       | string | last fencing token handed out in N's Cluster slot;    |
+//! |                     |        | `T` is a number chosen to hash to that slot; no TTL    |
 //!
-//! The braces are a Redis Cluster hash tag: every key and channel of one lock lives in one slot.
-//! A name that already carries a hash tag (`{...}` with something inside) is used as given, so
-//! callers can co-locate several locks on purpose.
+//! The braces are a Redis Cluster hash tag: every key and the channel of one lock live in one
+//! slot, the fencing counter included, so every script runs on Cluster (and the channel can be
+//! a sharded one). A name that already carries a hash tag (`{...}` with something inside) is
+//! used as given, so callers can co-locate several locks on purpose.
 //!
-//! The fencing counter is one key for the whole prefix, not one per lock: a counter that rises
-//! for every lock also rises for each lock, and a lock that is released leaves nothing behind
-//! (a per-name counter would stay forever, one key for every order id ever locked). It also
-//! keeps the grant cheap: creating a key per fresh name cost a third of the acquire's server
-//! time. On Redis Cluster the counter would have to be one per slot (a key tagged to hash to
-//! the lock's slot); Cluster is not supported yet.
+//! The fencing counter is one key per slot, not one per lock: a counter that rises for every
+//! lock of a slot also rises for each of them, a lock that is released leaves nothing behind (a
+//! per-name counter would stay forever, one key for every order id ever locked), and a grant
+//! does not pay for creating a key (creating a key per fresh name cost a third of the acquire's
+//! server time). At most 16,384 counters exist per prefix, however many names are locked.
 
 use std::fmt;
 use std::sync::Arc;
 
 use bytes_utils::Str;
 
-use crate::{LockError, Result};
+use crate::{slot, LockError, Result};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "leasehold";
@@ -42,8 +43,6 @@ pub const MAX_NAME_LEN: usize = 1024;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Prefix {
     text: Arc<str>,
-    /// `P:fence`, the fencing counter of every lock under this prefix.
-    fence: Str,
 }
 
 impl Prefix {
@@ -70,19 +69,12 @@ impl Prefix {
     fn of(prefix: &str) -> Prefix {
         Prefix {
             text: prefix.into(),
-            fence: Str::from(format!("{prefix}:fence")),
         }
     }
 
     /// The prefix text.
     pub fn as_str(&self) -> &str {
         &self.text
-    }
-
-    /// `P:fence`: the fencing counter shared by every lock under this prefix. It has no braces,
-    /// so no lock's keys can ever be named like it.
-    pub fn fence(&self) -> &str {
-        &self.fence
     }
 }
 
@@ -113,6 +105,7 @@ struct KeyStrings {
     fence: Str,
     released: Str,
     queue: Str,
+    slot: u16,
 }
 
 impl PartialEq for LockKeys {
@@ -134,7 +127,7 @@ impl LockKeys {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] for an empty name, one over [`MAX_NAME_LEN`] bytes, one
-    /// with control characters, or one with braces that do not form a hash tag (`{` ... `}` with
+    /// with control characters, or one whose braces do not form a hash tag (`{` ... `}` with
     /// at least one byte between): such a name would spread one lock's keys over several
     /// Cluster slots.
     ///
@@ -142,14 +135,15 @@ impl LockKeys {
     /// use leasehold_core::{LockKeys, Prefix};
     /// let keys = LockKeys::new(&Prefix::default(), "inventory:42").unwrap();
     /// assert_eq!(keys.hash(), "leasehold:{inventory:42}");
-    /// assert_eq!(keys.fence(), "leasehold:fence");
     /// assert_eq!(keys.released(), "leasehold:{inventory:42}:released");
+    /// // The fencing counter of the lock's Cluster slot: its tag hashes to the same slot.
+    /// assert!(keys.fence().starts_with("leasehold:{") && keys.fence().ends_with("}:fence"));
+    /// assert_eq!(leasehold_core::slot::key_slot(keys.fence().as_bytes()), keys.slot());
     /// // A name with its own hash tag is used as given.
     /// let tagged = LockKeys::new(&Prefix::default(), "order:{42}:pay").unwrap();
     /// assert_eq!(tagged.hash(), "leasehold:order:{42}:pay");
     /// ```
     pub fn new(prefix: &Prefix, name: &str) -> Result<LockKeys> {
-        let prefix_fence = &prefix.fence;
         if name.is_empty() {
             return Err(LockError::InvalidArgument("lock name is empty".into()));
         }
@@ -164,8 +158,8 @@ impl LockKeys {
                 "lock name {name:?} contains control characters"
             )));
         }
-        let tagged = has_hash_tag(name);
-        if tagged {
+        let tag = hash_tag(name);
+        if tag.is_some() {
             if RESERVED_SUFFIXES
                 .iter()
                 .any(|suffix| name.ends_with(suffix))
@@ -181,13 +175,24 @@ impl LockKeys {
                  ({{tag}} with at least one character inside)"
             )));
         }
-        // One buffer holds the name and the lock's three strings, each a slice of it: one
+        let tagged = tag.is_some();
+        let slot = slot::slot_of(tag.unwrap_or(name).as_bytes());
+        // One buffer holds the name and the lock's four strings, each a slice of it: one
         // allocation per lock handle (locks on fresh names make one per operation), and no copy
         // when a slice goes into a command.
         let prefix = prefix.as_str();
         let hash_len = prefix.len() + 1 + name.len() + if tagged { 0 } else { 2 };
         let suffixes = [":released", ":queue"];
-        let mut all = String::with_capacity(name.len() + 3 * hash_len + 15);
+        let mut fence_tag = [0u8; 10];
+        let fence_tag = {
+            use std::io::Write;
+            let mut rest = &mut fence_tag[..];
+            write!(rest, "{}", slot::tag_of_slot(slot)).expect("a u32 fits 10 digits");
+            let len = 10 - rest.len();
+            std::str::from_utf8(&fence_tag[..len]).expect("digits")
+        };
+        let fence_len = prefix.len() + 2 + fence_tag.len() + ":fence".len() + 1;
+        let mut all = String::with_capacity(name.len() + 3 * hash_len + 15 + fence_len);
         all.push_str(name);
         let push_hash = |all: &mut String| {
             all.push_str(prefix);
@@ -205,6 +210,10 @@ impl LockKeys {
             push_hash(&mut all);
             all.push_str(suffix);
         }
+        all.push_str(prefix);
+        all.push_str(":{");
+        all.push_str(fence_tag);
+        all.push_str("}:fence");
         let all = bytes::Bytes::from(all);
         let mut at = 0;
         let mut next = |len: usize| {
@@ -218,7 +227,8 @@ impl LockKeys {
             hash: next(hash_len),
             released: next(hash_len + suffixes[0].len()),
             queue: next(hash_len + suffixes[1].len()),
-            fence: prefix_fence.clone(),
+            fence: next(fence_len),
+            slot,
         })))
     }
 
@@ -232,12 +242,12 @@ impl LockKeys {
         &self.0.hash
     }
 
-    /// `P:fence`: the fencing counter (shared by every lock under the prefix).
+    /// `P:{T}:fence`: the fencing counter of this lock's Cluster slot.
     pub fn fence(&self) -> &str {
         &self.0.fence
     }
 
-    /// `P:{N}:released`: the channel a release is published on.
+    /// `P:{N}:released`: the channel releases and turns are published on.
     pub fn released(&self) -> &str {
         &self.0.released
     }
@@ -247,42 +257,39 @@ impl LockKeys {
         &self.0.queue
     }
 
-    /// The hash key as a shared string (no copy when put into a command).
-    pub fn hash_str(&self) -> &Str {
+    /// The Redis Cluster slot of every key of this lock.
+    pub fn slot(&self) -> u16 {
+        self.0.slot
+    }
+
+    pub(crate) fn hash_str(&self) -> &Str {
         &self.0.hash
     }
 
-    /// The fence key as a shared string.
-    pub fn fence_str(&self) -> &Str {
+    pub(crate) fn fence_str(&self) -> &Str {
         &self.0.fence
     }
 
-    /// The release channel as a shared string.
-    pub fn released_str(&self) -> &Str {
+    pub(crate) fn released_str(&self) -> &Str {
         &self.0.released
     }
 
-    /// The queue key as a shared string.
-    pub fn queue_str(&self) -> &Str {
+    pub(crate) fn queue_str(&self) -> &Str {
         &self.0.queue
     }
 }
 
 /// Suffixes of a lock's own keys. A tagged name ending in one of them would collide with
 /// another lock's key (`{a}:queue` is lock `a`'s turn queue), so such names are refused.
-/// `:fence` stays reserved for the per-slot fencing counters Redis Cluster support would need.
+/// `:fence` is the per-slot fencing counters' suffix.
 const RESERVED_SUFFIXES: [&str; 3] = [":fence", ":released", ":queue"];
 
-/// Whether Redis Cluster would hash `name` by a tag: a `{` followed later by a `}` with at
-/// least one byte between the first `{` and the first `}` after it.
-fn has_hash_tag(name: &str) -> bool {
-    match name.find('{') {
-        Some(open) => match name[open + 1..].find('}') {
-            Some(len) => len > 0,
-            None => false,
-        },
-        None => false,
-    }
+/// The tag Redis Cluster would hash `name` by: the bytes between the first `{` and the first
+/// `}` after it, when at least one byte is between them.
+fn hash_tag(name: &str) -> Option<&str> {
+    let open = name.find('{')?;
+    let len = name[open + 1..].find('}')?;
+    (len > 0).then(|| &name[open + 1..open + 1 + len])
 }
 
 #[cfg(test)]
@@ -293,7 +300,20 @@ mod tests {
     fn layout() {
         let k = LockKeys::new(&Prefix::new("app").unwrap(), "report").unwrap();
         assert_eq!(k.hash(), "app:{report}");
-        assert_eq!(k.fence(), "app:fence");
+        assert_eq!(
+            k.fence(),
+            format!("app:{{{}}}:fence", crate::slot::tag_of_slot(k.slot()))
+        );
+        assert_eq!(crate::slot::key_slot(k.hash().as_bytes()), k.slot());
+        assert_eq!(crate::slot::key_slot(k.fence().as_bytes()), k.slot());
+        assert_eq!(crate::slot::key_slot(k.queue().as_bytes()), k.slot());
+        assert_eq!(crate::slot::key_slot(k.released().as_bytes()), k.slot());
+        let tagged = LockKeys::new(&Prefix::new("app").unwrap(), "a{b}c").unwrap();
+        assert_eq!(tagged.slot(), crate::slot::slot_of(b"b"));
+        assert_eq!(
+            crate::slot::key_slot(tagged.fence().as_bytes()),
+            tagged.slot()
+        );
         assert_eq!(k.released(), "app:{report}:released");
         assert_eq!(k.name(), "report");
     }

@@ -1,24 +1,40 @@
 //! The core of [leasehold](https://docs.rs/leasehold): what a lock *is* in Redis.
 //!
-//! This crate holds the key layout ([`LockKeys`]), owner ids ([`Owner`], [`ClientId`]), the Lua
-//! scripts that make every state change one atomic step ([`scripts`]), their typed replies
-//! ([`commands`]) and the error type ([`LockError`]). It never waits and owns no timers: waiting
-//! lives in `leasehold-pubsub`, lease renewal in `leasehold-watchdog`, and the user-facing API in
-//! the `leasehold` facade.
+//! This crate holds the key layout ([`LockKeys`], one Cluster slot per lock), owner ids
+//! ([`Owner`], [`ClientId`], [`HoldId`]), leases ([`Lease`]), the protocol's words
+//! ([`protocol`]), the Lua scripts that make every state change one atomic step ([`scripts`]),
+//! their typed calls ([`commands`]) and the error type ([`LockError`]). It never waits and owns
+//! no timers.
+//!
+//! # Architecture
+//! ```text
+//! core       keys, leases, owners, protocol words, scripts, typed calls, errors  (this crate)
+//! watchdog   the client's hold table: every live grant, its lease state, renewal in batches,
+//!            pending settles of unanswered commands
+//! pubsub     one subscriber per client: release messages, and each lock's local FIFO of waiters
+//! leasehold  the facade: LockClient, the waiting engine (try, register interest, sleep until a
+//!            wake-up, the holder's lease or the deadline), and each kind as a thin type (Lock)
+//! ```
+//! A new kind of lock is new scripts here, a small attempt adapter and a guard in the facade;
+//! it reuses the hold table, the waiting engine and the settling of unanswered commands.
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 pub mod commands;
+mod drop_guard;
 mod error;
 mod fence;
 mod keys;
 mod lease;
 mod owner;
+pub mod protocol;
 pub mod scripts;
+pub mod slot;
 
-pub use error::{LockError, Result};
+pub use drop_guard::DropGuard;
+pub use error::{LockError, RedisError, Result};
 pub use fence::FencingToken;
 pub use keys::{LockKeys, Prefix, DEFAULT_PREFIX, MAX_NAME_LEN};
-pub use lease::{lease_millis, MAX_LEASE};
-pub use owner::{ClientId, Owner};
+pub use lease::{Lease, MAX_LEASE};
+pub use owner::{ClientId, HoldId, Owner};

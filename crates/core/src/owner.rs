@@ -41,11 +41,11 @@ impl ClientId {
     /// exact-size allocation.
     pub fn current_owner(&self) -> Owner {
         match tokio::task::try_id() {
-            Some(id) => self.owner(format_args!("t{id}")),
+            Some(id) => self.owner(format_args!("t{id}"), OwnerKind::Task),
             None => {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 std::thread::current().id().hash(&mut h);
-                self.owner(format_args!("h{:x}", h.finish()))
+                self.owner(format_args!("h{:x}", h.finish()), OwnerKind::Task)
             }
         }
     }
@@ -53,58 +53,127 @@ impl ClientId {
     /// A fresh explicit owner, distinct from every task owner and every other explicit owner.
     pub fn new_owner(&self) -> Owner {
         let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
-        self.owner(format_args!("o{n}"))
+        self.owner(format_args!("o{n}"), OwnerKind::Explicit)
     }
 
     /// `<uuid>:<local>`. Local ids are a letter and a u64 (at most 21 bytes), so the id fits
     /// the buffer; a longer one would still be written whole, through a String.
-    fn owner(&self, local: fmt::Arguments<'_>) -> Owner {
+    fn owner(&self, local: fmt::Arguments<'_>, kind: OwnerKind) -> Owner {
         use std::io::Write;
         let mut buf = [0u8; 64];
         let mut rest = &mut buf[..];
         if write!(rest, "{}:{local}", self.uuid).is_ok() {
             let len = 64 - rest.len();
-            return Owner(
-                Str::from_inner(bytes::Bytes::copy_from_slice(&buf[..len]))
-                    .expect("written from str"),
-            );
+            let id = Str::from_inner(bytes::Bytes::copy_from_slice(&buf[..len]))
+                .expect("written from str");
+            return Owner { id, kind };
         }
-        Owner(format!("{}:{local}", self.uuid).into())
+        Owner {
+            id: format!("{}:{local}", self.uuid).into(),
+            kind,
+        }
     }
+}
+
+/// Where an owner comes from: it decides whether a detached guard keeps the owner out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum OwnerKind {
+    /// The current tokio task (or thread): nested acquires in the task re-enter.
+    Task,
+    /// Made by [`ClientId::new_owner`] (or read back from Redis): shared on purpose.
+    Explicit,
 }
 
 /// The owner id `<client uuid>:<local id>` under which holds are counted in Redis.
 ///
 /// Cheap to clone. Two futures that should not re-enter each other inside one task use two
 /// explicit owners; tasks that share one hold share one explicit owner.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Owner(Str);
+///
+/// Equality, ordering and hashing use the id alone.
+#[derive(Clone)]
+pub struct Owner {
+    id: Str,
+    kind: OwnerKind,
+}
+
+impl PartialEq for Owner {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Owner {}
+
+impl PartialOrd for Owner {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Owner {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.id.cmp(&other.id)
+    }
+}
+
+impl Hash for Owner {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
 
 impl Owner {
-    /// Wraps an owner id read back from Redis (for inspection tools).
+    /// Wraps an owner id read back from Redis (for inspection tools). Owners belong to the
+    /// client that made them: acquiring under another client's owner id is not supported.
     pub fn from_id(id: impl Into<String>) -> Owner {
-        Owner(id.into().into())
+        Owner {
+            id: id.into().into(),
+            kind: OwnerKind::Explicit,
+        }
     }
 
     /// The id as stored in the lock hash.
     pub fn id(&self) -> &str {
-        &self.0
+        &self.id
+    }
+
+    /// Whether this is the owner of a tokio task (or thread), as made by
+    /// [`ClientId::current_owner`], rather than an explicit, shared one.
+    pub fn is_task(&self) -> bool {
+        self.kind == OwnerKind::Task
     }
 
     /// The id as a shared string (no copy when put into a command).
-    pub fn id_str(&self) -> &Str {
-        &self.0
+    pub(crate) fn id_str(&self) -> &Str {
+        &self.id
     }
 }
 
 impl fmt::Debug for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Owner({})", self.0)
+        write!(f, "Owner({})", self.id)
     }
 }
 
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
+    }
+}
+
+/// One owner's hold on one lock: the key of the client's hold table. Every grant, renewal,
+/// release and repair is about one `HoldId`. Cheap to clone (two reference counts).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HoldId {
+    /// The lock.
+    pub keys: crate::LockKeys,
+    /// Who holds it.
+    pub owner: Owner,
+}
+
+impl HoldId {
+    /// The hold of `owner` on the lock `keys`.
+    pub fn new(keys: crate::LockKeys, owner: Owner) -> HoldId {
+        HoldId { keys, owner }
     }
 }

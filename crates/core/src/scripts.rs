@@ -1,10 +1,16 @@
 //! The Lua scripts: one per state change, each in its own `.lua` file beside this one.
 //!
+//! The files name the protocol's words as placeholders (`@FENCE@`, `@TURN@`, `@EXPIRING@`,
+//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`); [`Scripts::new`] fills them in from
+//! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
+//! can lengthen the turn grace.
+//!
 //! Every script is sent with EVALSHA; when Redis answers NOSCRIPT (after a restart, a failover
 //! or SCRIPT FLUSH) it is loaded with SCRIPT LOAD and sent again. NOSCRIPT means the script did
 //! not run, so the second send can never apply a change twice.
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use bytes_utils::Str;
 use fred::interfaces::LuaInterface;
@@ -12,31 +18,28 @@ use fred::prelude::{Error as FredError, FromValue};
 use fred::types::scripts::Script;
 use fred::types::{MultipleKeys, MultipleValues};
 
-/// A Lua script with its SHA1, loaded on demand.
+use crate::error::{classify, Class};
+use crate::protocol::{
+    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, TAKEN_PAYLOAD, TURN_FIELD_PREFIX,
+};
+
+/// A Lua script with its SHA1.
 #[derive(Debug)]
 pub struct LuaScript {
-    name: &'static str,
-    lua: &'static str,
+    lua: String,
     sha1: Str,
 }
 
 impl LuaScript {
-    fn new(name: &'static str, lua: &'static str) -> LuaScript {
-        LuaScript {
-            name,
-            lua,
-            sha1: Script::from_lua(lua).sha1().to_string().into(),
-        }
+    fn new(template: &str, protocol: &Protocol) -> LuaScript {
+        let lua = fill(template, protocol);
+        let sha1 = Script::from_lua(lua.as_str()).sha1().to_string().into();
+        LuaScript { lua, sha1 }
     }
 
-    /// The script's name (its file name without `.lua`).
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
-    /// The Lua source.
-    pub fn lua(&self) -> &'static str {
-        self.lua
+    /// The Lua source, protocol words filled in.
+    pub fn lua(&self) -> &str {
+        &self.lua
     }
 
     /// The SHA1 that EVALSHA sends.
@@ -58,8 +61,8 @@ impl LuaScript {
     {
         let (keys, args) = build();
         match client.evalsha(self.sha1.clone(), keys, args).await {
-            Err(error) if error.details().starts_with("NOSCRIPT") => {
-                client.script_load::<(), _>(self.lua).await?;
+            Err(error) if classify(&error) == Class::NoScript => {
+                client.script_load::<(), _>(self.lua.as_str()).await?;
                 let (keys, args) = build();
                 client.evalsha(self.sha1.clone(), keys, args).await
             }
@@ -68,53 +71,120 @@ impl LuaScript {
     }
 }
 
-macro_rules! script {
-    ($(#[$doc:meta])* $static:ident, $file:literal) => {
-        $(#[$doc])*
-        pub static $static: LazyLock<LuaScript> =
-            LazyLock::new(|| LuaScript::new($file, include_str!(concat!("scripts/", $file, ".lua"))));
-    };
+/// Replaces the protocol placeholders of a script file.
+fn fill(template: &str, protocol: &Protocol) -> String {
+    let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
+    let lua = template
+        .replace("@FENCE@", FENCE_FIELD)
+        .replace("@TURN@", TURN_FIELD_PREFIX)
+        .replace("@EXPIRING@", EXPIRING_FIELD)
+        .replace("@FREE@", FREE_PAYLOAD)
+        .replace("@TAKEN@", TAKEN_PAYLOAD)
+        .replace("@GRACE_MS@", &grace_ms);
+    debug_assert!(!lua.contains('@'), "a placeholder was left unfilled");
+    lua
 }
 
-script!(
-    /// Acquire or re-enter; raises the fence on each new grant (`scripts/acquire.lua`).
-    ACQUIRE,
-    "acquire"
-);
-script!(
-    /// Release one hold; publishes when the lock becomes free (`scripts/release.lua`).
-    RELEASE,
-    "release"
-);
-script!(
-    /// Undo an acquire whose reply never arrived (`scripts/rollback.lua`).
-    ROLLBACK,
-    "rollback"
-);
-script!(
-    /// Let the last hold end later instead of now (`scripts/release_after.lua`).
-    RELEASE_AFTER,
-    "release_after"
-);
-script!(
-    /// Renew many holds in one call (`scripts/renew.lua`).
-    RENEW,
-    "renew"
-);
-script!(
-    /// Remove a lock whoever holds it and wake its waiters (`scripts/force_unlock.lua`).
-    FORCE_UNLOCK,
-    "force_unlock"
-);
+/// The script files, as shipped (placeholders unfilled).
+pub mod files {
+    /// `acquire.lua`: acquire, re-enter, or queue as a waiter.
+    pub const ACQUIRE: &str = include_str!("scripts/acquire.lua");
+    /// `release.lua`: release one hold (or settle an unanswered command); hands the turn on.
+    pub const RELEASE: &str = include_str!("scripts/release.lua");
+    /// `release_after.lua`: let the last hold end later instead of now.
+    pub const RELEASE_AFTER: &str = include_str!("scripts/release_after.lua");
+    /// `renew.lua`: renew many holds in one call.
+    pub const RENEW: &str = include_str!("scripts/renew.lua");
+    /// `force_unlock.lua`: remove a lock whoever holds it and wake its waiters.
+    pub const FORCE_UNLOCK: &str = include_str!("scripts/force_unlock.lua");
+    /// Every file with its name.
+    pub const ALL: [(&str, &str); 5] = [
+        ("acquire", ACQUIRE),
+        ("release", RELEASE),
+        ("release_after", RELEASE_AFTER),
+        ("renew", RENEW),
+        ("force_unlock", FORCE_UNLOCK),
+    ];
+}
 
-/// Every script, for preloading and tests.
-pub fn all() -> [&'static LuaScript; 6] {
-    [
-        &ACQUIRE,
-        &RELEASE,
-        &RELEASE_AFTER,
-        &ROLLBACK,
-        &RENEW,
-        &FORCE_UNLOCK,
-    ]
+/// The scripts of one protocol setting, built once per setting and shared by its clients.
+#[derive(Debug)]
+pub struct Scripts {
+    /// The protocol the scripts were built for.
+    pub protocol: Protocol,
+    /// Acquire or re-enter; raises the fence on each new grant (`scripts/acquire.lua`).
+    pub acquire: LuaScript,
+    /// Release one hold; hands the lock to the next turn or publishes it free
+    /// (`scripts/release.lua`). With an expected hold count it settles an unanswered acquire or
+    /// release instead.
+    pub release: LuaScript,
+    /// Let the last hold end later instead of now (`scripts/release_after.lua`).
+    pub release_after: LuaScript,
+    /// Renew many holds in one call (`scripts/renew.lua`).
+    pub renew: LuaScript,
+    /// Remove a lock whoever holds it and wake its waiters (`scripts/force_unlock.lua`).
+    pub force_unlock: LuaScript,
+}
+
+impl Scripts {
+    /// The scripts for `protocol`, built on first use and shared afterwards.
+    pub fn for_protocol(protocol: Protocol) -> Arc<Scripts> {
+        static BUILT: LazyLock<Mutex<HashMap<Protocol, Arc<Scripts>>>> =
+            LazyLock::new(Mutex::default);
+        let mut built = BUILT
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        built
+            .entry(protocol)
+            .or_insert_with(|| Arc::new(Scripts::new(protocol)))
+            .clone()
+    }
+
+    /// Builds every script for `protocol`.
+    pub fn new(protocol: Protocol) -> Scripts {
+        Scripts {
+            protocol,
+            acquire: LuaScript::new(files::ACQUIRE, &protocol),
+            release: LuaScript::new(files::RELEASE, &protocol),
+            release_after: LuaScript::new(files::RELEASE_AFTER, &protocol),
+            renew: LuaScript::new(files::RENEW, &protocol),
+            force_unlock: LuaScript::new(files::FORCE_UNLOCK, &protocol),
+        }
+    }
+
+    /// Every script, for preloading and tests.
+    pub fn all(&self) -> [&LuaScript; 5] {
+        [
+            &self.acquire,
+            &self.release,
+            &self.release_after,
+            &self.renew,
+            &self.force_unlock,
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn protocol_words_are_filled_in() {
+        let scripts = Scripts::new(Protocol {
+            turn_grace: Duration::from_millis(1234),
+        });
+        for script in scripts.all() {
+            assert!(!script.lua().contains('@'), "{}", script.lua());
+        }
+        assert!(scripts.release.lua().contains("'1234'"));
+        assert!(scripts.acquire.lua().contains("'~fence'"));
+        let default = Scripts::for_protocol(Protocol::default());
+        assert_ne!(default.release.sha1(), scripts.release.sha1());
+        assert!(Arc::ptr_eq(
+            &default,
+            &Scripts::for_protocol(Protocol::default())
+        ));
+    }
 }

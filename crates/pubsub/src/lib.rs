@@ -1,24 +1,30 @@
-//! Release wake-ups for leasehold waiters: one shared subscriber connection per client.
+//! Release wake-ups for leasehold waiters: one shared subscriber connection per client, and one
+//! local FIFO of waiters per lock.
 //!
-//! A waiter registers [`Interest`] in a lock's release channel before its last try (so a release
-//! published between the failed try and the wait is not lost: the `tokio::sync::Notify`
-//! `enable()` rule), then waits for a wake-up or a timer. The [`ReleaseNotifier`]:
+//! A waiter takes a [`Place`] in its lock's local queue ([`ReleaseNotifier::join`]) before
+//! anything else. Only the queue's head talks to Redis; the others wait their turn, so a task
+//! that releases and asks again at once lines up behind its client's earlier waiters instead of
+//! barging past them. The [`ReleaseNotifier`]:
 //!
-//! - subscribes a channel when its first local waiter arrives and unsubscribes it when the last
-//!   one leaves (interest is reference-counted per channel);
-//! - wakes ONE local waiter per release message, so a release does not start a thundering herd
-//!   of retries in one process; and when the release names whose turn it is (the lock's turn
-//!   queue of clients with waiters), only that client wakes one, the others stand by for
-//!   [`TURN_GRACE`] in case it does not take the lock;
-//! - wakes ALL local waiters when messages may have been lost: the receiver lagged behind fred's
-//!   broadcast channel, or the subscriber connection was re-established (after subscribing
-//!   its channels again, retried until Redis answers);
-//! - never becomes the only way to wake up: pub/sub is at-most-once, so waiters also wake when
-//!   the holder's lease would end (an expired key publishes nothing).
+//! - subscribes a channel when its head first needs to wait ([`Place::subscribe`]) and
+//!   unsubscribes it once nobody has waited on it for the linger period (a process that locks
+//!   the same name again soon keeps its subscription and pays no SUBSCRIBE/UNSUBSCRIBE);
+//! - wakes the head of a channel's queue when a release message says the lock is free (`*`) or
+//!   that it is this client's turn (its client id); when the turn is another client's, the head
+//!   stands by for the turn grace in case that client does not take it; `-` (a turn was taken)
+//!   cancels the standby;
+//! - wakes every head when messages may have been lost: the receiver lagged behind fred's
+//!   broadcast channel, or the subscriber connection was re-established (after subscribing its
+//!   channels again, retried until Redis answers);
+//! - is never the only way to wake up: pub/sub is at-most-once, so the head also sleeps no
+//!   longer than the holder's remaining lease (or a reservation's), which the acquire reply
+//!   carries.
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 mod notifier;
+mod queue;
 
-pub use notifier::{Interest, ReleaseNotifier, TURN_GRACE};
+pub use notifier::{NotifierSettings, ReleaseNotifier};
+pub use queue::Place;

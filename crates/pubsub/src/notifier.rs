@@ -1,47 +1,88 @@
-//! The shared subscriber and its per-channel interest counts.
+//! The shared subscriber: its connection, channel subscriptions and the release messages.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fred::clients::SubscriberClient;
-use fred::interfaces::{EventInterface, PubsubInterface};
-use fred::prelude::Error as FredError;
+use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use leasehold_core::protocol::Message;
+use leasehold_core::{LockError, RedisError};
 use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::futures::Notified;
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-/// One channel's waiters.
-struct Channel {
-    name: String,
-    /// Woken once per release message, or all at once after possible message loss.
-    notify: Notify,
-    /// Whether Redis has (or is getting) our subscription, as seen by new waiters. Read and
-    /// written under the channel-map lock so "last waiter left" and "new waiter came" serialize.
+use crate::queue::{Place, Queue};
+
+/// How a [`ReleaseNotifier`] behaves.
+#[derive(Clone, Debug)]
+pub struct NotifierSettings {
+    /// This client's id: release messages naming it are this client's turn.
+    pub client_id: String,
+    /// How long another client's turn is reserved: a head that heard another client named
+    /// waits this long (plus a hair) before trying itself.
+    pub turn_grace: Duration,
+    /// How long a channel stays subscribed after its last local waiter left.
+    pub linger: Duration,
+    /// How long connecting the subscriber may take.
+    pub connect_timeout: Duration,
+}
+
+/// One channel: its local waiters and its subscription.
+pub(crate) struct Channel {
+    pub(crate) name: String,
+    pub(crate) queue: Mutex<Queue>,
+    /// Whether Redis has (or is getting) our subscription, as seen by waiters.
     subscribed: AtomicBool,
     /// Serializes SUBSCRIBE/UNSUBSCRIBE of this channel; the bool is what Redis was last told.
     redis_state: tokio::sync::Mutex<bool>,
-    /// Bumped by every message; a fallback wake-up fires only if no message came after it.
+    /// Bumped by every message; a standby wake-up fires only if no message came after it.
     epoch: AtomicU64,
+    /// Bumped whenever the queue empties or a waiter joins: a lingering unsubscribe proceeds
+    /// only if nothing happened since it was planned.
+    idle: AtomicU64,
 }
 
-struct Slot {
-    channel: Arc<Channel>,
-    refs: usize,
+impl Channel {
+    pub(crate) fn is_subscribed(&self) -> bool {
+        self.subscribed.load(Ordering::SeqCst)
+    }
 }
 
-struct Inner {
+type Connecting = Shared<BoxFuture<'static, Result<(), String>>>;
+
+pub(crate) struct Inner {
     subscriber: SubscriberClient,
-    /// This client's id: release messages addressed to it wake a local waiter.
-    client_id: String,
-    channels: Mutex<HashMap<String, Slot>>,
-    waiters: AtomicUsize,
-    wake_alls: AtomicUsize,
+    settings: NotifierSettings,
+    channels: Mutex<HashMap<String, Arc<Channel>>>,
+    pub(crate) waiters: AtomicUsize,
+    connected: AtomicBool,
+    connecting: Mutex<Option<Connecting>>,
+    /// Serializes what this client sends on the subscriber connection. fred answers SUBSCRIBE
+    /// and UNSUBSCRIBE when they are written; Redis's error reply to one of them is then taken
+    /// as the answer to the next command that waits for one (our PING): one at a time, that is
+    /// the PING that follows it.
+    sending: tokio::sync::Mutex<()>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in self.tasks.get_mut().drain(..) {
+            task.abort();
+        }
+        // fred does not close a client on drop: quit it, or the connection (and its unlimited
+        // reconnects) would outlive us.
+        let subscriber = self.subscriber.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = subscriber.quit().await;
+            });
+        }
+    }
 }
 
 /// The per-client release listener. Cheap to clone.
@@ -59,176 +100,243 @@ impl fmt::Debug for ReleaseNotifier {
     }
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for task in self.tasks.get_mut().drain(..) {
-            task.abort();
-        }
-    }
-}
-
 impl ReleaseNotifier {
-    /// Starts listening on `subscriber`, which must be connected (or connecting) with a
-    /// reconnect policy. After every reconnect the tracked channels are subscribed again and
-    /// then all local waiters are woken: messages published while the connection was down are
-    /// gone.
-    pub fn start(subscriber: SubscriberClient, client_id: impl Into<String>) -> ReleaseNotifier {
+    /// A listener on `subscriber`, which must have a reconnect policy and is connected on the
+    /// first [`Place::subscribe`]: a client that never waits never opens it. After every
+    /// reconnect the channels are subscribed again and then every head is woken: messages
+    /// published while the connection was down are gone.
+    pub fn new(subscriber: SubscriberClient, settings: NotifierSettings) -> ReleaseNotifier {
         let inner = Arc::new(Inner {
             subscriber,
-            client_id: client_id.into(),
+            settings,
             channels: Mutex::new(HashMap::new()),
             waiters: AtomicUsize::new(0),
-            wake_alls: AtomicUsize::new(0),
+            connected: AtomicBool::new(false),
+            connecting: Mutex::new(None),
+            sending: tokio::sync::Mutex::new(()),
             tasks: Mutex::new(Vec::new()),
         });
-        let receive = tokio::spawn(receive_loop(Arc::downgrade(&inner)));
+        // Receivers taken now, before any connection exists, so no announcement is missed.
+        let receivers = (
+            inner.subscriber.message_rx(),
+            inner.subscriber.reconnect_rx(),
+        );
+        let receive = tokio::spawn(receive_loop(Arc::downgrade(&inner), receivers));
         inner.tasks.lock().push(receive);
         ReleaseNotifier { inner }
     }
 
-    /// The subscriber connection.
-    pub fn subscriber(&self) -> &SubscriberClient {
-        &self.inner.subscriber
+    /// Takes a place at the back of `channel`'s local queue. No I/O.
+    pub fn join(&self, channel: &str) -> Place {
+        let channel = {
+            let mut map = self.inner.channels.lock();
+            map.entry(channel.to_string())
+                .or_insert_with(|| {
+                    Arc::new(Channel {
+                        name: channel.to_string(),
+                        queue: Mutex::new(Queue::default()),
+                        subscribed: AtomicBool::new(false),
+                        redis_state: tokio::sync::Mutex::new(false),
+                        epoch: AtomicU64::new(0),
+                        idle: AtomicU64::new(0),
+                    })
+                })
+                .clone()
+        };
+        channel.idle.fetch_add(1, Ordering::SeqCst);
+        Place::new(self.inner.clone(), channel)
     }
 
-    /// Waiters currently between [`ReleaseNotifier::interest`] and dropping their [`Interest`].
+    /// Waiters currently holding a [`Place`].
     pub fn waiters(&self) -> usize {
         self.inner.waiters.load(Ordering::SeqCst)
     }
 
-    /// Channels with at least one local waiter.
-    pub fn subscribed_channels(&self) -> usize {
-        self.inner.channels.lock().len()
-    }
-
-    /// How many times every waiter was woken because messages may have been lost.
-    pub fn wake_alls(&self) -> usize {
-        self.inner.wake_alls.load(Ordering::Relaxed)
-    }
-
-    /// Local waiters on `channel` (registered [`Interest`]s).
+    /// Local waiters on `channel`.
     pub fn waiters_on(&self, channel: &str) -> usize {
         self.inner
             .channels
             .lock()
             .get(channel)
-            .map_or(0, |slot| slot.refs)
+            .map_or(0, |c| c.queue.lock().cells.len())
     }
 
-    /// Whether interest in `channel` can be had without a round trip (someone here already
-    /// waits on it). Waiters use it to register interest before their first try.
+    /// Channels subscribed in Redis right now, lingering ones included.
+    pub fn subscribed_channels(&self) -> usize {
+        self.inner
+            .channels
+            .lock()
+            .values()
+            .filter(|c| c.is_subscribed())
+            .count()
+    }
+
+    /// Whether `channel` is subscribed (as far as this client knows).
     pub fn is_subscribed(&self, channel: &str) -> bool {
         self.inner
             .channels
             .lock()
             .get(channel)
-            .is_some_and(|slot| slot.channel.subscribed.load(Ordering::SeqCst))
+            .is_some_and(|c| c.is_subscribed())
     }
 
-    /// Registers interest in `channel`, subscribing it when this is the first local waiter.
-    /// When this returns, the subscription is active in Redis: any release published from now
-    /// on reaches [`Interest::notified`].
-    ///
-    /// # Cancel safety
-    /// Cancel safe. The SUBSCRIBE runs in its own task, so a caller dropped mid-way cannot leave
-    /// Redis subscribed without our bookkeeping knowing; the dropped [`Interest`] then
-    /// unsubscribes if it was the last one.
-    pub async fn interest(&self, channel: &str) -> Result<Interest, FredError> {
-        let (channel, subscribed) = {
-            let mut map = self.inner.channels.lock();
-            let slot = map.entry(channel.to_string()).or_insert_with(|| Slot {
-                channel: Arc::new(Channel {
-                    name: channel.to_string(),
-                    notify: Notify::new(),
-                    subscribed: AtomicBool::new(false),
-                    redis_state: tokio::sync::Mutex::new(false),
-                    epoch: AtomicU64::new(0),
-                }),
-                refs: 0,
-            });
-            slot.refs += 1;
-            (
-                slot.channel.clone(),
-                slot.channel.subscribed.load(Ordering::SeqCst),
-            )
-        };
-        self.inner.waiters.fetch_add(1, Ordering::SeqCst);
-        let interest = Interest {
-            inner: self.inner.clone(),
-            channel,
-        };
-        if !subscribed {
-            let task = tokio::spawn(subscribe(self.inner.clone(), interest.channel.clone()));
-            task.await
-                .map_err(|e| FredError::new(fred::error::ErrorKind::Canceled, e.to_string()))??;
-        }
-        Ok(interest)
+    /// Whether the subscriber connection was ever opened.
+    pub fn is_connected(&self) -> bool {
+        self.inner.connected.load(Ordering::SeqCst)
     }
 }
 
-async fn subscribe(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), FredError> {
+/// Connects the subscriber once, in a task of its own: a waiter dropped mid-connect neither
+/// cancels it nor leaves a second connection behind; a failed connect is quit and tried afresh
+/// by the next waiter.
+async fn connected(inner: &Arc<Inner>) -> Result<(), LockError> {
+    if inner.connected.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let connecting = inner
+        .connecting
+        .lock()
+        .get_or_insert_with(|| {
+            let subscriber = inner.subscriber.clone();
+            let timeout = inner.settings.connect_timeout;
+            let weak = Arc::downgrade(inner);
+            let task = tokio::spawn(async move {
+                let result = match tokio::time::timeout(timeout, subscriber.init()).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(error)) => Err(error.to_string()),
+                    Err(_) => Err(format!("subscriber did not connect within {timeout:?}")),
+                };
+                let alive = weak.upgrade();
+                if result.is_err() || alive.is_none() {
+                    let _ = tokio::time::timeout(timeout, subscriber.quit()).await;
+                }
+                if let Some(inner) = alive {
+                    match &result {
+                        Ok(()) => inner.connected.store(true, Ordering::SeqCst),
+                        Err(_) => *inner.connecting.lock() = None,
+                    }
+                }
+                result
+            });
+            async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }
+                .boxed()
+                .shared()
+        })
+        .clone();
+    connecting
+        .await
+        .map_err(|e| LockError::Connection(RedisError::connection(e)))
+}
+
+pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &Arc<Channel>) -> Result<(), LockError> {
+    if channel.is_subscribed() {
+        return Ok(());
+    }
+    connected(inner).await?;
+    let task = tokio::spawn(subscribe_task(inner.clone(), channel.clone()));
+    task.await
+        .map_err(|e| LockError::Connection(RedisError::connection(e.to_string())))?
+}
+
+async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), LockError> {
     let mut in_redis = channel.redis_state.lock().await;
     if !*in_redis {
-        inner.subscriber.subscribe(channel.name.as_str()).await?;
+        let _sending = inner.sending.lock().await;
+        inner
+            .subscriber
+            .subscribe(channel.name.as_str())
+            .await
+            .map_err(LockError::from_redis)?;
         *in_redis = true;
+        // fred answers SUBSCRIBE as soon as it is written, before Redis ran it. A PING on the
+        // same connection is answered only after it: from then on a release reaches us, which
+        // is what the waiter's next try counts on. A refused SUBSCRIBE (ACL) fails here too.
+        if let Err(error) = inner.subscriber.ping::<fred::types::Value>(None).await {
+            *in_redis = false;
+            return Err(LockError::from_redis(error));
+        }
     }
     channel.subscribed.store(true, Ordering::SeqCst);
     Ok(())
 }
 
-/// Unsubscribes `channel` if nobody took interest again meanwhile, then forgets it.
-async fn unsubscribe(inner: Arc<Inner>, channel: Arc<Channel>) {
-    let mut in_redis = channel.redis_state.lock().await;
-    let proceed = {
-        let map = inner.channels.lock();
-        match map.get(&channel.name) {
-            Some(slot) if Arc::ptr_eq(&slot.channel, &channel) && slot.refs == 0 => {
-                channel.subscribed.store(false, Ordering::SeqCst);
-                true
-            }
-            _ => false,
-        }
+/// The last local waiter of `channel` left: unsubscribe after the linger period unless a
+/// waiter comes back meanwhile.
+pub(crate) fn idle(inner: &Arc<Inner>, channel: &Arc<Channel>) {
+    let idle = channel.idle.fetch_add(1, Ordering::SeqCst) + 1;
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
     };
-    if !proceed {
+    let linger = inner.settings.linger;
+    runtime.spawn(unsubscribe(
+        Arc::downgrade(inner),
+        channel.clone(),
+        idle,
+        linger,
+    ));
+}
+
+/// Unsubscribes `channel` if it stayed idle since `idle`, then forgets it.
+async fn unsubscribe(inner: Weak<Inner>, channel: Arc<Channel>, idle: u64, linger: Duration) {
+    if !linger.is_zero() {
+        tokio::time::sleep(linger).await;
+    }
+    let still_idle =
+        || channel.idle.load(Ordering::SeqCst) == idle && channel.queue.lock().cells.is_empty();
+    if !still_idle() {
         return;
     }
+    let Some(strong) = inner.upgrade() else {
+        return;
+    };
+    let mut in_redis = channel.redis_state.lock().await;
+    if !still_idle() {
+        return;
+    }
+    channel.subscribed.store(false, Ordering::SeqCst);
     if *in_redis {
-        if let Err(error) = inner.subscriber.unsubscribe(channel.name.as_str()).await {
+        let _sending = strong.sending.lock().await;
+        if let Err(error) = strong.subscriber.unsubscribe(channel.name.as_str()).await {
             // fred keeps a channel it could not unsubscribe among those it resubscribes; the
             // reconnect path (resubscribe) drops every channel this map no longer has.
             tracing::debug!(%error, channel = %channel.name, "unsubscribe failed");
         }
         *in_redis = false;
     }
-    let mut map = inner.channels.lock();
-    if let Some(slot) = map.get(&channel.name) {
-        if Arc::ptr_eq(&slot.channel, &channel) && slot.refs == 0 {
-            map.remove(&channel.name);
-        }
+    let mut map = strong.channels.lock();
+    if still_idle()
+        && map
+            .get(&channel.name)
+            .is_some_and(|c| Arc::ptr_eq(c, &channel))
+    {
+        map.remove(&channel.name);
     }
 }
 
-async fn receive_loop(inner: std::sync::Weak<Inner>) {
-    let (mut messages, mut reconnects) = match inner.upgrade() {
-        Some(inner) => (
-            inner.subscriber.message_rx(),
-            inner.subscriber.reconnect_rx(),
-        ),
-        None => return,
-    };
+type Receivers = (
+    tokio::sync::broadcast::Receiver<fred::types::Message>,
+    tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+);
+
+async fn receive_loop(inner: Weak<Inner>, (mut messages, mut reconnects): Receivers) {
+    // fred announces every connection, the first one too; only later ones may have lost
+    // messages (and subscriptions).
+    let mut first_connection = true;
     loop {
         tokio::select! {
             message = messages.recv() => {
                 let Some(inner) = inner.upgrade() else { return };
                 match message {
                     Ok(message) => {
-                        let channel = inner.channels.lock().get(&*message.channel).map(|s| s.channel.clone());
+                        let channel = inner.channels.lock().get(&*message.channel).cloned();
                         if let Some(channel) = channel {
-                            on_message(&inner, &channel, message.value.as_str().as_deref().unwrap_or("*"));
+                            let payload = message.value.as_str();
+                            let payload = payload.as_deref().unwrap_or(leasehold_core::protocol::FREE_PAYLOAD);
+                            on_message(&inner, &channel, Message::parse(payload));
                         }
                     }
                     Err(RecvError::Lagged(missed)) => {
-                        tracing::debug!(missed, "release listener lagged: waking every waiter");
+                        tracing::debug!(missed, "release listener lagged: waking every head");
                         wake_all(&inner);
                     }
                     Err(RecvError::Closed) => return,
@@ -237,10 +345,12 @@ async fn receive_loop(inner: std::sync::Weak<Inner>) {
             reconnect = reconnects.recv() => {
                 let Some(inner) = inner.upgrade() else { return };
                 match reconnect {
+                    Ok(_) if std::mem::take(&mut first_connection) => {}
                     Ok(_) | Err(RecvError::Lagged(_)) => {
-                        // Resubscribe first, then wake: a waiter that retries and fails must
+                        // Resubscribe first, then wake: a head that retries and fails must
                         // find its channel subscribed again, or the next release is lost.
-                        tokio::spawn(resubscribe(Arc::downgrade(&inner)));
+                        let task = tokio::spawn(resubscribe(Arc::downgrade(&inner)));
+                        inner.tasks.lock().push(task);
                     }
                     Err(RecvError::Closed) => return,
                 }
@@ -249,11 +359,11 @@ async fn receive_loop(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// After a reconnect: drops the channels fred still tracks but no waiter wants (an UNSUBSCRIBE
-/// that failed leaves them tracked), subscribes the others again, then wakes every waiter so
-/// it reads the lock state afresh. Retried with backoff until Redis answers: until then a
-/// release would reach nobody, and waiters would only wake on their timers.
-async fn resubscribe(inner: std::sync::Weak<Inner>) {
+/// After a reconnect: drops the channels fred still tracks but this client no longer wants (an
+/// UNSUBSCRIBE that failed leaves them tracked), subscribes the others again, then wakes every
+/// head so it reads the lock state afresh. Retried with backoff until Redis answers: until then
+/// a release would reach nobody, and heads would only wake on their timers.
+async fn resubscribe(inner: Weak<Inner>) {
     let mut delay = Duration::from_millis(100);
     loop {
         let Some(strong) = inner.upgrade() else {
@@ -265,18 +375,28 @@ async fn resubscribe(inner: std::sync::Weak<Inner>) {
                 .subscriber
                 .tracked_channels()
                 .into_iter()
-                .filter(|channel| !map.contains_key(&**channel))
+                .filter(|channel| !map.get(&**channel).is_some_and(|c| c.is_subscribed()))
                 .map(|channel| channel.to_string())
                 .collect()
         };
         let subscriber = strong.subscriber.clone();
+        let sending = strong.sending.lock().await;
         let result = async {
             if !stale.is_empty() {
                 subscriber.unsubscribe(stale).await?;
             }
-            subscriber.resubscribe_all().await
+            // SUBSCRIBE without a channel is an error: nothing to do then.
+            if !subscriber.tracked_channels().is_empty() {
+                subscriber.resubscribe_all().await?;
+            }
+            // Answered only after the SUBSCRIBEs ran (see subscribe_task).
+            subscriber
+                .ping::<fred::types::Value>(None)
+                .await
+                .map(|_| ())
         }
         .await;
+        drop(sending);
         wake_all(&strong);
         match result {
             Ok(()) => return,
@@ -288,83 +408,38 @@ async fn resubscribe(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// How long other clients wait for the addressed client to take its turn before trying
-/// themselves (the release reserves the lock for that long): covers an addressee that crashed
-/// or whose waiter just left.
-pub const TURN_GRACE: Duration = leasehold_core::commands::TURN_GRACE;
-
-/// One release-channel message. The payload says whose turn it is:
-/// - this client's id, or `*` (nobody queued; also force unlock, rollback): wake one waiter;
-/// - `-`: a waiter took the lock; cancel any pending fallback;
-/// - another client's id: that client should take the lock; wake one waiter here only if no
-///   further message arrives within [`TURN_GRACE`].
-fn on_message(inner: &Inner, channel: &Arc<Channel>, payload: &str) {
+/// One release-channel message:
+/// - `*` (free) or this client's id (its turn): wake the head;
+/// - `-`: a turn was taken: cancel any standby;
+/// - another client's id: that client should take the lock; wake the head here only if no
+///   further message arrives within the turn grace.
+fn on_message(inner: &Inner, channel: &Arc<Channel>, message: Message<'_>) {
     let epoch = channel.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-    if payload == "-" {
-        return;
-    }
-    if payload == "*" || payload == inner.client_id {
-        channel.notify.notify_one();
-        return;
-    }
-    let channel = channel.clone();
-    tokio::spawn(async move {
-        // A hair past the reservation, so the try finds it expired.
-        tokio::time::sleep(TURN_GRACE + Duration::from_millis(2)).await;
-        if channel.epoch.load(Ordering::SeqCst) == epoch {
-            channel.notify.notify_one();
+    match message {
+        Message::Taken => {}
+        Message::Free => channel.queue.lock().wake_head(),
+        Message::Turn(client) if client == inner.settings.client_id => {
+            channel.queue.lock().wake_head()
         }
-    });
+        Message::Turn(_) => {
+            if channel.queue.lock().cells.is_empty() {
+                return; // lingering: nobody here waits
+            }
+            let channel = channel.clone();
+            // A hair past the reservation, so the try finds it expired.
+            let standby = inner.settings.turn_grace + Duration::from_millis(2);
+            tokio::spawn(async move {
+                tokio::time::sleep(standby).await;
+                if channel.epoch.load(Ordering::SeqCst) == epoch {
+                    channel.queue.lock().wake_head();
+                }
+            });
+        }
+    }
 }
 
 fn wake_all(inner: &Inner) {
-    inner.wake_alls.fetch_add(1, Ordering::Relaxed);
-    for slot in inner.channels.lock().values() {
-        slot.channel.notify.notify_waiters();
-    }
-}
-
-/// One waiter's interest in one release channel. Dropping it lets the channel be unsubscribed
-/// when it was the last.
-pub struct Interest {
-    inner: Arc<Inner>,
-    channel: Arc<Channel>,
-}
-
-impl fmt::Debug for Interest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Interest")
-            .field("channel", &self.channel.name)
-            .finish()
-    }
-}
-
-impl Interest {
-    /// A future that completes on the next wake-up for this channel. Call
-    /// [`Notified::enable`] on it (pinned) BEFORE the try whose failure leads to waiting, so a
-    /// release in between is not missed.
-    pub fn notified(&self) -> Notified<'_> {
-        self.channel.notify.notified()
-    }
-}
-
-impl Drop for Interest {
-    fn drop(&mut self) {
-        self.inner.waiters.fetch_sub(1, Ordering::SeqCst);
-        let last = {
-            let mut map = self.inner.channels.lock();
-            match map.get_mut(&self.channel.name) {
-                Some(slot) if Arc::ptr_eq(&slot.channel, &self.channel) => {
-                    slot.refs -= 1;
-                    slot.refs == 0
-                }
-                _ => false,
-            }
-        };
-        if last {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(unsubscribe(self.inner.clone(), self.channel.clone()));
-            }
-        }
+    for channel in inner.channels.lock().values() {
+        channel.queue.lock().wake_head();
     }
 }

@@ -1,24 +1,10 @@
-//! The local view of one hold's lease: valid until a deadline, or lost.
-
-use std::time::Duration;
+//! The local view of one grant's lease: valid until a deadline, or lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-
-/// The drift allowance subtracted from a lease when computing its local validity deadline:
-/// 1% of the lease plus 2 ms, for clock rate differences and scheduling delay (the Redlock rule).
-pub fn drift_for(lease: Duration) -> Duration {
-    lease / 100 + Duration::from_millis(2)
-}
-
-/// Until when a lease granted (or renewed) by a command sent at `sent_at` is certainly valid
-/// here: the lease minus [`drift_for`] it, measured from the send.
-pub fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
-    sent_at + lease.saturating_sub(drift_for(lease))
-}
 
 /// Whether a hold's lease is still certainly valid, as far as this process can know.
 ///
@@ -76,38 +62,54 @@ impl LeaseState {
         true
     }
 
-    /// Marks the lease lost (renewal found the owner gone, or a new grant showed Redis no
-    /// longer had the hold).
+    /// Marks the lease lost (renewal found the grant gone, or a new grant showed Redis no
+    /// longer had it). Final: nothing extends a lost lease.
     pub fn mark_lost(&self) {
         if !self.lost.swap(true, Ordering::AcqRel) {
             self.lost_notify.notify_waiters();
         }
     }
 
-    /// Completes when the lease is lost: marked lost, or its deadline passed without extension.
+    /// Whether the lease was marked lost (without looking at the deadline).
+    pub fn is_marked_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Completes when the lease is lost: marked lost, or its deadline passed without extension,
+    /// or `until` (a guard's own, earlier deadline) passed.
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes state.
-    pub async fn lost(&self) {
+    pub async fn lost_by(&self, until: Option<Instant>) {
         loop {
             // Register before checking, so a mark_lost in between is not missed.
             let notified = self.lost_notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !self.is_held() {
+            if !self.is_held() || until.is_some_and(|u| Instant::now() >= u) {
                 return;
             }
-            let deadline = self.valid_until();
+            let deadline = until.map_or(self.valid_until(), |u| u.min(self.valid_until()));
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
+
+    /// Completes when the lease is lost.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes state.
+    pub async fn lost(&self) {
+        self.lost_by(None).await
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[tokio::test(start_paused = true)]

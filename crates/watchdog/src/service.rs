@@ -1,6 +1,6 @@
-//! The renewal service: one task per client renews all watched holds in batches.
+//! The renewal service: one task per client renews all watched grants in batches.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -8,36 +8,47 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::ClientLike;
-use leasehold_core::{commands, LockError, LockKeys, Owner};
+use fred::clients::Client;
+use leasehold_core::commands::{self, Renewal};
+use leasehold_core::scripts::Scripts;
+use leasehold_core::{Lease, LockError};
 use parking_lot::Mutex;
-use slab::Slab;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::lease::{valid_until, LeaseState};
+use crate::table::State;
 
 /// The boxed future a [`Renewer`] returns.
 pub type RenewFuture = Pin<Box<dyn Future<Output = Result<Vec<bool>, LockError>> + Send>>;
 
-/// Sends one batch of renewals: `(lock, owner)` pairs with one lease; answers, in order,
-/// whether each hold was still held. [`fred::clients::Client`] implements it with the renew
-/// script; tests of timing may record calls instead.
+/// Sends one batch of renewals with one lease; answers, in order, whether each grant was still
+/// held. [`ScriptRenewer`] does it with the renew script; tests of timing may record calls
+/// instead.
 pub trait Renewer: Send + Sync + 'static {
-    /// Renews `holds` with a lease of `lease_ms` milliseconds.
-    fn renew(&self, holds: Vec<(LockKeys, Owner)>, lease_ms: u64) -> RenewFuture;
+    /// Renews `holds` with `lease`.
+    fn renew(&self, holds: Vec<Renewal>, lease: Lease) -> RenewFuture;
 }
 
-/// Renewal through the renew script (`leasehold_core::scripts::RENEW`).
-impl Renewer for fred::clients::Client {
-    fn renew(&self, holds: Vec<(LockKeys, Owner)>, lease_ms: u64) -> RenewFuture {
-        let client = self.clone();
+/// Renewal through the renew script, bounded by a timeout.
+#[derive(Clone, Debug)]
+pub struct ScriptRenewer {
+    /// The command connection.
+    pub client: Client,
+    /// The client's scripts.
+    pub scripts: Arc<Scripts>,
+    /// How long to wait for a batch's reply.
+    pub timeout: Duration,
+}
+
+impl Renewer for ScriptRenewer {
+    fn renew(&self, holds: Vec<Renewal>, lease: Lease) -> RenewFuture {
+        let this = self.clone();
         Box::pin(async move {
-            let timeout = client.perf_config().default_command_timeout;
-            commands::renew(&client, &holds, lease_ms)
+            let call = commands::renew(&this.client, &this.scripts, &holds, lease);
+            tokio::time::timeout(this.timeout, call)
                 .await
-                .map_err(|e| LockError::from_redis(e, timeout))
+                .unwrap_or(Err(LockError::Timeout))
         })
     }
 }
@@ -46,95 +57,56 @@ impl Renewer for fred::clients::Client {
 #[derive(Clone, Debug)]
 pub struct WatchdogConfig {
     /// The lease of watched holds, `L`; renewals come every `L/3`. Default 30 s.
-    pub lease: Duration,
+    pub lease: Lease,
     /// The most holds renewed by one script call. Default 1,000.
     pub batch_size: usize,
+    /// Never mix Cluster slots in one batch (required on Redis Cluster, where a script's keys
+    /// must share a slot; on a single server it would only cost round trips).
+    pub group_by_slot: bool,
 }
 
 impl Default for WatchdogConfig {
     fn default() -> Self {
         WatchdogConfig {
-            lease: Duration::from_secs(30),
+            lease: Lease::new(Duration::from_secs(30)).expect("a valid lease"),
             batch_size: 1000,
+            group_by_slot: false,
         }
     }
 }
 
-/// Counters of the renewal service, for benchmarks and monitoring.
+/// Counters of the hold table and its renewal service, for benchmarks and monitoring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WatchdogStats {
-    /// Watched holds right now.
+    /// Grants renewed by the watchdog right now (with a watched guard).
     pub holds: usize,
+    /// Grants held right now with explicit leases only (never renewed).
+    pub fixed: usize,
     /// Renew script calls sent (round trips).
     pub renew_calls: u64,
-    /// Holds renewed successfully.
+    /// Grants renewed successfully.
     pub renewed: u64,
-    /// Holds found gone by a renewal, or whose deadline passed, and marked lost.
+    /// Grants found gone by a renewal, or whose deadline passed, and marked lost.
     pub lost: u64,
     /// Renew calls that failed (timeout, connection) and were retried later.
     pub errors: u64,
 }
 
-type HoldKey = (LockKeys, Owner);
-
-struct Entry {
-    key: HoldKey,
-    /// Unique for the watchdog's lifetime: slots are reused, ids never.
-    id: u64,
-    refs: usize,
-    lease: Arc<LeaseState>,
-    /// When the next renewal is due; `None` while a renewal is in flight.
-    due: Option<Instant>,
-}
-
-/// Watched holds live in a slab (one slot each); the map finds a hold by lock and owner for
-/// re-entry, the set orders slots by due time.
-#[derive(Default)]
-struct State {
-    entries: Slab<Entry>,
-    index: HashMap<HoldKey, usize>,
-    due: BTreeSet<(Instant, usize)>,
-    next_id: u64,
-    /// When the renewal task will next look at the schedule. A new hold wakes it only when
-    /// due earlier than that: acquiring a lock costs no task wake-up in the common case.
-    planned: Option<Instant>,
-}
-
-impl State {
-    /// The entry in `slot` if it is still the hold `id` (not released and replaced).
-    fn live(&mut self, slot: usize, id: u64) -> Option<&mut Entry> {
-        self.entries.get_mut(slot).filter(|e| e.id == id)
-    }
-
-    fn remove(&mut self, slot: usize) -> Entry {
-        let entry = self.entries.remove(slot);
-        self.index.remove(&entry.key);
-        if let Some(due) = entry.due {
-            self.due.remove(&(due, slot));
-        }
-        entry
-    }
-
-    fn schedule(&mut self, slot: usize, due: Instant) {
-        self.entries[slot].due = Some(due);
-        self.due.insert((due, slot));
-    }
-}
-
-struct Shared {
-    config: WatchdogConfig,
-    state: Mutex<State>,
-    changed: Notify,
+pub(crate) struct Shared {
+    pub(crate) config: WatchdogConfig,
+    pub(crate) state: Mutex<State>,
+    pub(crate) changed: Notify,
     renew_calls: AtomicU64,
     renewed: AtomicU64,
     lost: AtomicU64,
     errors: AtomicU64,
 }
 
-/// One renewal service per client. Cheap to clone; the task stops when the last clone is dropped.
+/// The client's hold table and its renewal service. Cheap to clone; the renewal task stops when
+/// the last clone is dropped.
 #[derive(Clone)]
 pub struct Watchdog {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     _stop: Arc<DropGuard>,
 }
 
@@ -144,47 +116,6 @@ impl fmt::Debug for Watchdog {
             .field("config", &self.shared.config)
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-/// One watched hold of one owner on one lock, shared by that owner's re-entrant guards.
-/// Dropping the last `Hold` of a lock and owner stops its renewal at once.
-pub struct Hold {
-    shared: Arc<Shared>,
-    slot: usize,
-    id: u64,
-    lease: Arc<LeaseState>,
-}
-
-impl fmt::Debug for Hold {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hold")
-            .field("id", &self.id)
-            .field("held", &self.lease.is_held())
-            .finish()
-    }
-}
-
-impl Hold {
-    /// The lease state this hold shares with the watchdog.
-    pub fn lease(&self) -> &Arc<LeaseState> {
-        &self.lease
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        let mut state = self.shared.state.lock();
-        let last = match state.live(self.slot, self.id) {
-            Some(entry) => {
-                entry.refs -= 1;
-                entry.refs == 0
-            }
-            None => false, // already dropped from the schedule as lost
-        };
-        if last {
-            state.remove(self.slot);
-        }
     }
 }
 
@@ -211,90 +142,35 @@ impl Watchdog {
         }
     }
 
-    /// The watched lease `L`.
-    pub fn lease(&self) -> Duration {
+    /// The lease of watched holds.
+    pub fn lease(&self) -> Lease {
         self.shared.config.lease
     }
 
     /// Counters so far.
     pub fn stats(&self) -> WatchdogStats {
+        let (holds, fixed) = {
+            let state = self.shared.state.lock();
+            let watched = state
+                .entries
+                .iter()
+                .filter(|(_, e)| e.grant.as_ref().is_some_and(|g| g.watched > 0))
+                .count();
+            (watched, state.grants - watched)
+        };
         WatchdogStats {
-            holds: self.shared.state.lock().entries.len(),
+            holds,
+            fixed,
             renew_calls: self.shared.renew_calls.load(Ordering::Relaxed),
             renewed: self.shared.renewed.load(Ordering::Relaxed),
             lost: self.shared.lost.load(Ordering::Relaxed),
             errors: self.shared.errors.load(Ordering::Relaxed),
         }
     }
-
-    /// Live watched guards of `owner` on `keys` (0 when not watched).
-    pub fn holds_of(&self, keys: &LockKeys, owner: &Owner) -> u64 {
-        let key: HoldKey = (keys.clone(), owner.clone());
-        let state = self.shared.state.lock();
-        state
-            .index
-            .get(&key)
-            .map_or(0, |&slot| state.entries[slot].refs as u64)
-    }
-
-    /// Starts (or joins) watching the hold of `owner` on `keys`, granted by an acquire sent at
-    /// `sent_at` with lease [`Watchdog::lease`] that answered `hold_count`. A re-entry
-    /// (`hold_count` > 1) joins the existing hold and moves its deadline forward.
-    ///
-    /// A new grant (`hold_count` 1) while an entry exists means Redis no longer had the old
-    /// hold (force-unlocked or expired before the next renewal could tell): the old guards'
-    /// lease is marked lost rather than revived, and the new grant gets an entry of its own,
-    /// so a renewal verdict still in flight for the old one cannot touch it.
-    pub fn watch(&self, keys: &LockKeys, owner: &Owner, hold_count: u64, sent_at: Instant) -> Hold {
-        let config = &self.shared.config;
-        let valid_until = valid_until(sent_at, config.lease);
-        let key: HoldKey = (keys.clone(), owner.clone());
-        let mut state = self.shared.state.lock();
-        if let Some(&slot) = state.index.get(&key) {
-            let entry = &mut state.entries[slot];
-            if hold_count == 1 {
-                entry.lease.mark_lost();
-            } else if entry.lease.extend(valid_until) {
-                entry.refs += 1;
-                return Hold {
-                    shared: self.shared.clone(),
-                    slot,
-                    id: entry.id,
-                    lease: entry.lease.clone(),
-                };
-            }
-            // The old hold is gone; this grant starts a new one.
-            state.remove(slot);
-        }
-        state.next_id += 1;
-        let id = state.next_id;
-        let due = sent_at + config.lease / 3;
-        let lease = Arc::new(LeaseState::new(valid_until));
-        let slot = state.entries.insert(Entry {
-            key: key.clone(),
-            id,
-            refs: 1,
-            lease: lease.clone(),
-            due: None,
-        });
-        state.index.insert(key, slot);
-        state.schedule(slot, due);
-        let wake = state.planned.is_none_or(|planned| due < planned);
-        drop(state);
-        if wake {
-            self.shared.changed.notify_one();
-        }
-        Hold {
-            shared: self.shared.clone(),
-            slot,
-            id,
-            lease,
-        }
-    }
 }
 
+/// One batch in flight: (slot, grant id) of each grant, in order.
 struct BatchResult {
-    /// (slot, id) of each hold in the batch, in order.
     ids: Vec<(usize, u64)>,
     sent_at: Instant,
     result: Result<Vec<bool>, LockError>,
@@ -303,21 +179,20 @@ struct BatchResult {
 async fn run(shared: Arc<Shared>, renewer: Arc<dyn Renewer>, stop: CancellationToken) {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<BatchResult>();
     let lease = shared.config.lease;
-    let lease_ms = leasehold_core::lease_millis(lease).unwrap_or(1);
-    // Holds due within this window of the first due one ride along in its batch.
-    let window = lease / 6;
+    // Grants due within this window of the first due one ride along in its batch.
+    let window = lease.duration() / 6;
     loop {
         let (batches, next) = take_due(&shared, window);
-        for ids_holds in batches {
-            let (ids, holds): (Vec<(usize, u64)>, Vec<HoldKey>) = ids_holds.into_iter().unzip();
+        for batch in batches {
+            let (ids, holds): (Vec<(usize, u64)>, Vec<Renewal>) = batch.into_iter().unzip();
             let renewer = renewer.clone();
             let done_tx = done_tx.clone();
             shared.renew_calls.fetch_add(1, Ordering::Relaxed);
             // Spawned so that a renewal stuck on a paused server never delays the others'
-            // bookkeeping; each hold's own deadline keeps running meanwhile.
+            // bookkeeping; each grant's own deadline keeps running meanwhile.
             tokio::spawn(async move {
                 let sent_at = Instant::now();
-                let result = renewer.renew(holds, lease_ms).await;
+                let result = renewer.renew(holds, lease).await;
                 let _ = done_tx.send(BatchResult {
                     ids,
                     sent_at,
@@ -330,19 +205,21 @@ async fn run(shared: Arc<Shared>, renewer: Arc<dyn Renewer>, stop: CancellationT
             _ = stop.cancelled() => return,
             _ = shared.changed.notified() => {}
             _ = sleep => {}
-            Some(done) = done_rx.recv() => settle(&shared, done),
+            Some(done) = done_rx.recv() => settle_batch(&shared, done),
         }
     }
 }
 
-/// Takes every hold due now (or within `window` after the first due one) out of the schedule,
-/// in batches; returns them and when to look again (the first due time, or one idle period of
-/// `window * 2` = lease/3 when nothing is scheduled).
-#[allow(clippy::type_complexity)] // reason: batches of ((slot, id), hold), spelled out once here
-fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<((usize, u64), HoldKey)>>, Instant) {
+/// One grant to renew, with its place in the table.
+type Due = ((usize, u64), Renewal);
+
+/// Takes every grant due now (or within `window` after the first due one) out of the
+/// schedule, in batches (never mixing slots when the config says so); returns them and when to
+/// look again (the first due time, or one idle period of `window * 2` = lease/3).
+fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<Due>>, Instant) {
     let now = Instant::now();
     let mut state = shared.state.lock();
-    let mut taken = Vec::new();
+    let mut taken: Vec<Due> = Vec::new();
     if state.due.first().is_some_and(|(at, _)| *at <= now) {
         let horizon = now + window;
         while let Some(&(at, slot)) = state.due.first() {
@@ -351,71 +228,90 @@ fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<((usize, u64), HoldKe
             }
             state.due.pop_first();
             let entry = &mut state.entries[slot];
-            entry.due = None;
-            if !entry.lease.is_held() {
+            let hold = entry.hold.clone();
+            let Some(grant) = entry.grant.as_mut() else {
+                continue;
+            };
+            grant.due = None;
+            if !grant.lease.is_held() {
                 // The local deadline passed before we could renew: it is lost, stop here.
-                let entry = state.remove(slot);
+                state.end_grant(slot);
+                state.tidy(slot);
                 shared.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(lock = %entry.key.0.name(), "lease lost: validity deadline passed before renewal");
+                tracing::warn!(lock = %hold.keys.name(), "lease lost: validity deadline passed before renewal");
                 continue;
             }
-            taken.push(((slot, entry.id), entry.key.clone()));
+            let token = grant.token;
+            taken.push(((slot, grant.id), Renewal { hold, token }));
         }
     }
     let next = state.due.first().map_or(now + window * 2, |(at, _)| *at);
     state.planned = Some(next);
     drop(state);
-    let batch = shared.config.batch_size.max(1);
-    let mut batches = Vec::with_capacity(taken.len().div_ceil(batch));
-    let mut rest = taken.into_iter().peekable();
-    while rest.peek().is_some() {
-        batches.push(rest.by_ref().take(batch).collect());
+    let size = shared.config.batch_size.max(1);
+    let mut batches: Vec<Vec<Due>> = Vec::new();
+    if shared.config.group_by_slot {
+        let mut by_slot: HashMap<u16, Vec<Due>> = HashMap::new();
+        for due in taken {
+            by_slot.entry(due.1.hold.keys.slot()).or_default().push(due);
+        }
+        for (_, group) in by_slot {
+            chunk(group, size, &mut batches);
+        }
+    } else {
+        chunk(taken, size, &mut batches);
     }
     (batches, next)
 }
 
-/// Applies one batch's outcome: renewed holds get a new deadline and due time; holds found gone
-/// are marked lost and dropped from the schedule; on error every hold is retried soon.
-fn settle(shared: &Shared, done: BatchResult) {
+fn chunk(items: Vec<Due>, size: usize, into: &mut Vec<Vec<Due>>) {
+    let mut rest = items.into_iter().peekable();
+    while rest.peek().is_some() {
+        into.push(rest.by_ref().take(size).collect());
+    }
+}
+
+/// Applies one batch's outcome: renewed grants get a new deadline and due time; grants found
+/// gone are marked lost and leave the schedule; on error every grant is retried soon.
+fn settle_batch(shared: &Shared, done: BatchResult) {
     let lease = shared.config.lease;
-    let valid_until = valid_until(done.sent_at, lease);
+    let valid_until = lease.valid_until(done.sent_at);
     let mut state = shared.state.lock();
     let outcomes: Vec<Option<bool>> = match &done.result {
         Ok(held) => held.iter().map(|h| Some(*h)).collect(),
         Err(error) => {
             shared.errors.fetch_add(1, Ordering::Relaxed);
-            let names: Vec<&str> = done
-                .ids
-                .iter()
-                .filter_map(|(slot, id)| state.entries.get(*slot).filter(|e| e.id == *id))
-                .take(5)
-                .map(|e| e.key.0.name())
-                .collect();
-            tracing::warn!(%error, holds = done.ids.len(), locks = ?names, "lease renewal failed; retrying");
+            tracing::warn!(%error, holds = done.ids.len(), "lease renewal failed; retrying");
             vec![None; done.ids.len()]
         }
     };
-    let retry_at = Instant::now() + (lease / 10).min(Duration::from_secs(1));
+    let retry_at = Instant::now() + (lease.duration() / 10).min(Duration::from_secs(1));
     for (&(slot, id), outcome) in done.ids.iter().zip(outcomes) {
-        let Some(entry) = state.live(slot, id) else {
-            continue; // released meanwhile
+        let Some(grant) = state.live_grant(slot, id) else {
+            continue; // released or replaced meanwhile
         };
+        if grant.watched == 0 {
+            continue; // its last watched guard went while the renewal was in flight
+        }
         let keep = match outcome {
-            Some(true) if entry.lease.extend(valid_until) => {
+            Some(true) if grant.lease.extend(valid_until) => {
                 shared.renewed.fetch_add(1, Ordering::Relaxed);
-                Some(done.sent_at + lease / 3)
+                Some(done.sent_at + lease.duration() / 3)
             }
             Some(_) => None,
-            None if entry.lease.is_held() => Some(retry_at),
+            None if grant.lease.is_held() => Some(retry_at),
             None => None,
         };
         match keep {
             Some(due) => state.schedule(slot, due),
             None => {
-                let entry = state.remove(slot);
-                entry.lease.mark_lost();
+                let name = state.entries[slot].hold.keys.name().to_string();
+                if let Some(grant) = state.end_grant(slot) {
+                    grant.lease.mark_lost();
+                }
+                state.tidy(slot);
                 shared.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(lock = %entry.key.0.name(), "lease lost: the owner no longer holds the lock");
+                tracing::warn!(lock = %name, "lease lost: the grant is gone");
             }
         }
     }

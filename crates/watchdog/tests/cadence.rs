@@ -5,8 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix};
-use leasehold_watchdog::{RenewFuture, Renewer, Watchdog, WatchdogConfig};
+use leasehold_core::commands::Renewal;
+use leasehold_core::{
+    ClientId, FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Prefix, RedisError,
+};
+use leasehold_watchdog::{HoldGuard, LeaseMode, RenewFuture, Renewer, Watchdog, WatchdogConfig};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -19,17 +22,17 @@ struct Recorder {
 }
 
 impl Renewer for Recorder {
-    fn renew(&self, holds: Vec<(LockKeys, Owner)>, _lease_ms: u64) -> RenewFuture {
+    fn renew(&self, holds: Vec<Renewal>, _lease: Lease) -> RenewFuture {
         self.calls.lock().push((Instant::now(), holds.len()));
         let gone = self.gone.lock().clone();
         let fail = *self.fail.lock();
         Box::pin(async move {
             if fail {
-                return Err(LockError::Redis("injected".into()));
+                return Err(LockError::Connection(RedisError::connection("injected")));
             }
             Ok(holds
                 .iter()
-                .map(|(k, _)| !gone.iter().any(|g| g == k.hash()))
+                .map(|r| !gone.iter().any(|g| g == r.hold.keys.hash()))
                 .collect())
         })
     }
@@ -41,9 +44,29 @@ fn keys(name: &str) -> LockKeys {
 
 fn config(lease_secs: u64) -> WatchdogConfig {
     WatchdogConfig {
-        lease: Duration::from_secs(lease_secs),
+        lease: Lease::new(Duration::from_secs(lease_secs)).unwrap(),
         batch_size: 1000,
+        group_by_slot: false,
     }
+}
+
+/// A watched grant of `owner` on `keys`, answered with `hold_count` to an acquire sent at
+/// `sent_at` (token 7 for every grant unless a test says otherwise).
+fn watch(
+    watchdog: &Watchdog,
+    keys: &LockKeys,
+    owner: &Owner,
+    hold_count: u64,
+    sent_at: Instant,
+) -> HoldGuard {
+    let hold = HoldId::new(keys.clone(), owner.clone());
+    watchdog.grant(
+        &hold,
+        FencingToken::new(7),
+        hold_count,
+        LeaseMode::Watched,
+        sent_at,
+    )
 }
 
 #[tokio::test(start_paused = true)]
@@ -52,7 +75,7 @@ async fn renews_every_third_of_the_lease_and_stops_on_release() {
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
     let start = Instant::now();
-    let hold = watchdog.watch(&keys("job"), &owner, 1, start);
+    let hold = watch(&watchdog, &keys("job"), &owner, 1, start);
     tokio::time::sleep(Duration::from_secs(35)).await;
     let offsets: Vec<u64> = recorder
         .calls
@@ -61,7 +84,7 @@ async fn renews_every_third_of_the_lease_and_stops_on_release() {
         .map(|(at, _)| (*at - start).as_secs())
         .collect();
     assert_eq!(offsets, vec![10, 20, 30], "renewed at lease/3 intervals");
-    assert!(hold.lease().is_held());
+    assert!(hold.is_held());
 
     drop(hold);
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -74,8 +97,8 @@ async fn reentrant_holds_share_one_renewal_until_the_last_is_dropped() {
     let recorder = Recorder::default();
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
-    let outer = watchdog.watch(&keys("nested"), &owner, 1, Instant::now());
-    let inner = watchdog.watch(&keys("nested"), &owner, 2, Instant::now());
+    let outer = watch(&watchdog, &keys("nested"), &owner, 1, Instant::now());
+    let inner = watch(&watchdog, &keys("nested"), &owner, 2, Instant::now());
     assert_eq!(watchdog.stats().holds, 1);
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert_eq!(
@@ -103,18 +126,15 @@ async fn a_new_grant_does_not_revive_a_hold_redis_lost() {
     let recorder = Recorder::default();
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
-    let old = watchdog.watch(&keys("regranted"), &owner, 1, Instant::now());
-    let new = watchdog.watch(&keys("regranted"), &owner, 1, Instant::now());
-    assert!(
-        !old.lease().is_held(),
-        "the old guard learns its hold is gone"
-    );
-    assert!(new.lease().is_held());
+    let old = watch(&watchdog, &keys("regranted"), &owner, 1, Instant::now());
+    let new = watch(&watchdog, &keys("regranted"), &owner, 1, Instant::now());
+    assert!(!old.is_held(), "the old guard learns its hold is gone");
+    assert!(new.is_held());
     assert_eq!(watchdog.stats().holds, 1);
     drop(old);
     tokio::time::sleep(Duration::from_secs(11)).await;
     assert_eq!(recorder.calls.lock().len(), 1, "the new grant is renewed");
-    assert!(new.lease().is_held());
+    assert!(new.is_held());
 }
 
 #[tokio::test(start_paused = true)]
@@ -125,7 +145,13 @@ async fn many_holds_cost_one_call_per_batch() {
     let mut holds = Vec::new();
     // 2,500 holds acquired over 3 s: renewed together in batches of 1,000.
     for i in 0..2500 {
-        holds.push(watchdog.watch(&keys(&format!("lock-{i}")), &owner, 1, Instant::now()));
+        holds.push(watch(
+            &watchdog,
+            &keys(&format!("lock-{i}")),
+            &owner,
+            1,
+            Instant::now(),
+        ));
         if i % 100 == 0 {
             tokio::time::sleep(Duration::from_millis(120)).await;
         }
@@ -151,16 +177,16 @@ async fn a_hold_found_gone_is_marked_lost() {
     let recorder = Recorder::default();
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
-    let hold = watchdog.watch(&keys("taken"), &owner, 1, Instant::now());
+    let hold = watch(&watchdog, &keys("taken"), &owner, 1, Instant::now());
     recorder.gone.lock().push("leasehold:{taken}".into());
     let start = Instant::now();
-    hold.lease().lost().await;
+    hold.lost().await;
     assert_eq!(
         start.elapsed(),
         Duration::from_secs(10),
         "lost at the first renewal"
     );
-    assert!(!hold.lease().is_held());
+    assert!(!hold.is_held());
     assert_eq!(watchdog.stats().lost, 1);
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(recorder.calls.lock().len(), 1, "no renewal of a lost hold");
@@ -173,8 +199,8 @@ async fn failing_renewals_are_retried_and_the_deadline_declares_loss() {
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
     let start = Instant::now();
-    let hold = watchdog.watch(&keys("unreachable"), &owner, 1, start);
-    hold.lease().lost().await;
+    let hold = watch(&watchdog, &keys("unreachable"), &owner, 1, start);
+    hold.lost().await;
     let lost_after = start.elapsed();
     // Lost at the local deadline (lease - drift), not at the first failed renewal.
     assert!(
@@ -192,13 +218,10 @@ async fn a_recovered_renewal_keeps_the_hold() {
     *recorder.fail.lock() = true;
     let watchdog = Watchdog::start(recorder.clone(), config(30));
     let owner = ClientId::random().new_owner();
-    let hold = watchdog.watch(&keys("flaky"), &owner, 1, Instant::now());
+    let hold = watch(&watchdog, &keys("flaky"), &owner, 1, Instant::now());
     tokio::time::sleep(Duration::from_secs(15)).await;
     *recorder.fail.lock() = false;
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert!(
-        hold.lease().is_held(),
-        "renewals resumed before the deadline"
-    );
+    assert!(hold.is_held(), "renewals resumed before the deadline");
     assert_eq!(watchdog.stats().lost, 0);
 }

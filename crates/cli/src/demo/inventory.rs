@@ -267,7 +267,8 @@ pub async fn stale_writer(
 ) -> anyhow::Result<()> {
     let store = Store::open(spec).await?;
     // An explicit lease: no watchdog, the hold ends exactly at the lease, frozen or not.
-    let guard = client.lock(LOCK)?.lock_with_lease(lease).await?;
+    let lock = client.lock(LOCK)?;
+    let guard = lock.lock_with_lease(lease).await?;
     let token = guard.fencing_token();
     PodEvent::Locked {
         fence: token.get(),
@@ -299,7 +300,8 @@ pub async fn stale_writer(
 /// Pod role `fresh-writer` (pod B): wait for the lock, read, sell one unit fenced.
 pub async fn fresh_writer(client: &LockClient, spec: &StoreSpec) -> anyhow::Result<()> {
     let store = Store::open(spec).await?;
-    let guard = client.lock(LOCK)?.lock().await?;
+    let lock = client.lock(LOCK)?;
+    let guard = lock.lock().await?;
     PodEvent::Locked {
         fence: guard.fencing_token().get(),
         at_us: now_us(),

@@ -152,7 +152,8 @@ fn millis(us: u64) -> String {
 /// Pod role `long-job`: lock, work for longer than the lease, release.
 pub async fn holder(client: &LockClient, job: Duration) -> anyhow::Result<()> {
     // No explicit lease: the watchdog renews the client's lease every third of it.
-    let guard = client.lock(LOCK)?.lock().await?;
+    let lock = client.lock(LOCK)?;
+    let guard = lock.lock().await?;
     PodEvent::Locked {
         fence: guard.fencing_token().get(),
         at_us: now_us(),

@@ -1,104 +1,132 @@
 -- Acquire, or re-enter, a reentrant lock.
 --
--- KEYS[1]  lock hash       P:{N}        field owner id = hold count, field ~fence = token
--- KEYS[2]  fence counter   P:fence      string, no TTL, shared by every lock of the prefix
+-- KEYS[1]  lock hash       P:{N}          owner id -> hold count, '@FENCE@' -> the grant's token
+-- KEYS[2]  fence counter   P:{T}:fence    string, no TTL, one per Cluster slot (T hashes to N's)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
+-- ARGV[3]  mode, absent for a plain try (try_lock, a waiter's first try); otherwise:
+--   'r'    re-enter: the client holds this lock under ARGV[1] with the token ARGV[4]
+--   'w'    a subscribed waiter: it may take a turn reserved for its client, and its client
+--          joins the turn queue when the lock is held; then
+--          KEYS[3]  turn queue       P:{N}:queue  zset of client ids with waiters, oldest first
+--          ARGV[4]  the waiter's client id
+--          ARGV[5]  '1' when that client has more waiters on this lock
+--          ARGV[6]  release channel  P:{N}:released
 --
--- A subscribed waiter (the `lock` and `try_lock_for` family) adds:
--- KEYS[3]  turn queue      P:{N}:queue  zset of client ids with waiters, oldest turn first
--- ARGV[3]  the waiter's client id
--- ARGV[4]  '1' when that client has other waiters on this lock
--- ARGV[5]  release channel  P:{N}:released
---
--- A plain try (try_lock, and a waiter's first try before it subscribed) sends only the first
--- two keys and arguments: every argument costs
--- encoding on the client and a Lua string on the server, on the hottest path there is.
+-- The plain try sends only what a grant needs: every argument costs encoding on the client and
+-- a Lua string on the server, on the hottest path there is.
 --
 -- Replies (the common one is a bare value: no reply table to build on either side):
---   fence                   a new grant (hold count 1), its fencing token as decimal text (or an
---                           integer): the counter was raised to max(stored + 1, server TIME in
---                           microseconds), and the hash keeps the token for re-entries.
---   {hold_count, fence}     a re-entry (hold_count >= 2); the grant's token, unchanged. It never
---                           shortens the remaining lease.
---   {0, pttl}               held by another owner; pttl is its remaining lease in ms (-1: no TTL).
---                           A waiter's client joins the turn queue (keeping its place if queued);
---                           a lock reserved for another client's turn answers with the lease
---                           instead (the wake-up comes by message).
---   error WRONGTYPE         a key of another type sits where the lock's keys belong.
+--   fence                a new grant (hold count 1), its fencing token as decimal text (or an
+--                        integer): the counter was raised to max(stored + 1, server TIME in
+--                        microseconds), and the hash keeps the token for re-entries.
+--   {hold_count, fence}  a re-entry (hold_count >= 2) of the grant with that token. It never
+--                        shortens the remaining lease.
+--   {0, pttl}            held by another owner, or reserved for another client's turn; pttl is
+--                        the remaining lease of the hold (-1: no TTL) or of the reservation, so
+--                        a waiter that missed the message naming another client still tries
+--                        again when the reservation lapses.
+--   error 'WRONGTYPE <i> ...'  KEYS[i] holds a value of another type. Nothing else was changed
+--                        (the fence counter may have risen, which is harmless).
 --
--- This is the hot path: every command here costs server CPU on each acquire, so the script
--- uses the fewest that do the job (PTTL doubles as the existence check), and the plain try
--- creates no Lua closures or numbers (an instruction count of the server showed both).
-local pttl = redis.call('PTTL', KEYS[1])
-local waiter = ARGV[3]
+-- A hold of ARGV[1] that the client does not re-enter on purpose (mode other than 'r' with the
+-- grant's token) is an orphan: a grant whose reply the client never saw. It is replaced by a new
+-- grant with a new token, never re-entered: the client's hold count would not match Redis's.
 
--- A release may have reserved the lock for one client's turn ('~turn:<client id>' is then the
--- hash's only field, for a short grace period): that client's waiter takes it over.
-if waiter and pttl ~= -2 and redis.pcall('HEXISTS', KEYS[1], '~turn:' .. waiter) == 1 then
-  redis.call('DEL', KEYS[1])
-  pttl = -2
+local pttl = redis.call('PTTL', KEYS[1])
+local mode = ARGV[3]
+local fresh = pttl == -2
+
+if not fresh then
+  local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
+  if fields.err then
+    if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+    end
+    return fields
+  end
+  if fields[1] then
+    if mode == 'r' and fields[2] == ARGV[4] then
+      local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+      if pttl < tonumber(ARGV[2]) then
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      end
+      return {count, fields[2]}
+    end
+    fresh = true
+  elseif mode == 'w' and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[4]) == 1 then
+    -- A release reserved the lock for this waiter's client: it takes its turn.
+    fresh = true
+  end
 end
 
-if pttl == -2 then
-  -- The fence must keep rising even when Redis lost the counter (restart without persistence,
-  -- failover before replication): server time in microseconds is a floor that only moves
-  -- forward as long as the server clock does. One command reads the stored fence and writes
-  -- that floor; only when the stored value is ahead (the clock stepped back, or two grants in
-  -- one microsecond) is it written again.
+if fresh then
+  -- The fence first, before any other write: a failure here leaves the lock (or its
+  -- reservation) as it was. It must keep rising even when Redis lost the counter (restart
+  -- without persistence, failover before replication): server time in microseconds is a floor
+  -- that only moves forward as long as the server clock does. One command reads the stored
+  -- fence and writes that floor; only when the stored value is ahead (the clock stepped back,
+  -- or two grants in one microsecond) is it written again.
   local t = redis.call('TIME')
   local now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
   local fence = now
   local stored = redis.pcall('SET', KEYS[2], now, 'GET')
   if type(stored) == 'table' and stored.err then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    if string.sub(stored.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE 2 the fencing counter holds another type')
+    end
+    return stored
   end
   -- Tokens stay decimal text: without leading zeros, a longer number is larger, and at equal
-  -- length text order is number order.
-  if stored and (#stored > #now or (#stored == #now and stored >= now)) then
+  -- length text order is number order. A stored value that is not such a number below 2^63 - 1
+  -- (written by someone else) counts as lost, like after a restart: the counter now holds the
+  -- server time and the token continues from there, instead of every grant failing.
+  if stored and (#stored > #now or (#stored == #now and stored >= now))
+      and (#stored < 19 or (#stored == 19 and stored < '9223372036854775807'))
+      and string.find(stored, '^[1-9][0-9]*$') then
     redis.call('SET', KEYS[2], stored)
     fence = redis.call('INCR', KEYS[2])
   end
-  if waiter then
+  if mode == 'w' then
     -- A waiter got the lock: its client leaves the queue, or goes to the back when it has
     -- more waiters (scores are microseconds); the other clients hear the turn was taken and
-    -- stop their fallback timers. Queue first: a foreign-typed queue key fails the script
-    -- here, before any hold exists.
-    if ARGV[4] == '1' then
-      redis.call('ZADD', KEYS[3], now, waiter)
+    -- stop their standby timers.
+    local queued
+    if ARGV[5] == '1' then
+      queued = redis.pcall('ZADD', KEYS[3], now, ARGV[4])
     else
-      redis.call('ZREM', KEYS[3], waiter)
+      queued = redis.pcall('ZREM', KEYS[3], ARGV[4])
+    end
+    if type(queued) == 'table' and queued.err then
+      if string.sub(queued.err, 1, 9) == 'WRONGTYPE' then
+        return redis.error_reply('WRONGTYPE 3 the turn queue holds another type')
+      end
+      return queued
     end
     if redis.call('EXISTS', KEYS[3]) == 1 then
-      redis.call('PUBLISH', ARGV[5], '-')
+      redis.call('PUBLISH', ARGV[6], '@TAKEN@')
     end
   end
-  redis.call('HSET', KEYS[1], ARGV[1], '1', '~fence', fence)
+  if pttl ~= -2 then
+    -- A reservation taken over, or an orphan replaced.
+    redis.call('DEL', KEYS[1])
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], '1', '@FENCE@', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return fence
 end
-local held = redis.pcall('HEXISTS', KEYS[1], ARGV[1])
-if type(held) == 'table' then
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock')
-end
-if held == 1 then
-  local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-  if pttl < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
-  return {count, redis.call('HGET', KEYS[1], '~fence') or '0'}
-end
-if waiter then
+
+if mode == 'w' then
   local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[3], 'NX', t[1] .. string.sub('000000', #t[2] + 1) .. t[2], waiter)
+  local queued = redis.pcall('ZADD', KEYS[3], 'NX', t[1] .. string.sub('000000', #t[2] + 1) .. t[2], ARGV[4])
+  if type(queued) == 'table' and queued.err then
+    if string.sub(queued.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE 3 the turn queue holds another type')
+    end
+    return queued
+  end
   -- Entries live while someone could still be waiting; a dead client's entry is popped by the
   -- next release or expires with the queue.
-  local lease = tonumber(ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], math.max(pttl, lease) + 10000)
-  if string.sub(redis.call('HKEYS', KEYS[1])[1] or '', 1, 6) == '~turn:' then
-    -- Reserved for another client's turn: the release message (or its fallback) wakes us, so
-    -- the timer is only a safety net.
-    return {0, lease}
-  end
+  redis.call('PEXPIRE', KEYS[3], math.max(pttl, tonumber(ARGV[2])) + 10000)
 end
 return {0, pttl}

@@ -1,35 +1,45 @@
--- Release one hold of a reentrant lock.
+-- Release one hold of a reentrant lock, or settle a command whose reply never came.
 --
 -- KEYS[1]  lock hash   P:{N}
 -- KEYS[2]  turn queue  P:{N}:queue
 -- ARGV[1]  owner id
 -- ARGV[2]  release channel  P:{N}:released
---
--- The turn grace (25 ms, `TURN_GRACE` in commands.rs, which a test keeps equal) is written
--- here rather than sent: arguments cost on the hottest path.
+-- ARGV[3]  the token of the grant the hold belongs to; '' when unknown (settling an acquire
+--          whose reply never came: it may have made a new grant)
+-- ARGV[4]  absent for a release. To settle an unanswered command: the hold count the owner has
+--          if that command ran (an acquire) or did not run (a release); one hold is released
+--          only then.
 --
 -- Replies (a bare integer: no reply table to build on either side):
---   remaining >= 0  one hold released; 0 means the last hold is gone and the release was
---                   published. With clients queued, the lock is reserved for the head's
---                   turn for the grace period ('~turn:<client id>' as the only field) and the
---                   message names that client: another process releasing and asking again at
---                   once cannot barge in ahead of waiters. With nobody queued the lock is free
---                   and the message is '*' (one waiter per client wakes).
---   -1              the owner holds nothing here (wrong owner, expired, double unlock); nothing
---                   changed.
---   error WRONGTYPE the key holds another type.
+--   remaining >= 0  one hold released; 0 means the last hold is gone. With clients queued, the
+--                   lock is reserved for the head's turn for the grace period ('@TURN@<client
+--                   id>' as the only field) and the message names that client: another process
+--                   releasing and asking again at once cannot barge in ahead of waiters. With
+--                   nobody queued the lock is free and the message is '@FREE@'.
+--   -1              the owner holds nothing here under that token (wrong owner, expired, force
+--                   unlocked, double unlock, or a later grant); nothing changed.
+--   -2              settling: the count differs, so there is nothing to undo; nothing changed.
+--   error 'WRONGTYPE 1 ...'  the lock key holds another type.
 --
--- An exclusive lock's hash has one owner (besides its '~fence'), so the last hold deletes the
+-- An exclusive lock's hash has one owner (besides its '@FENCE@'), so the last hold deletes the
 -- key. The message goes out before the delete: if the ACL refuses the channel, nothing is
 -- released.
-local count = redis.pcall('HGET', KEYS[1], ARGV[1])
-if type(count) == 'table' then
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock')
+
+local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
+if fields.err then
+  if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+  end
+  return fields
 end
-if not count then
+local count = fields[1]
+if not count or (ARGV[3] ~= '' and fields[2] ~= ARGV[3]) then
   return -1
 end
 -- Counts are written by HSET '1' and HINCRBY, so they are canonical decimal text.
+if ARGV[4] and count ~= ARGV[4] then
+  return -2
+end
 if count ~= '1' then
   return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 end
@@ -40,10 +50,10 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   local popped = redis.pcall('ZPOPMIN', KEYS[2])
   head = type(popped) == 'table' and not popped.err and popped[1] or nil
 end
-redis.call('PUBLISH', ARGV[2], head or '*')
+redis.call('PUBLISH', ARGV[2], head or '@FREE@')
 redis.call('DEL', KEYS[1])
 if head then
-  redis.call('HSET', KEYS[1], '~turn:' .. head, '0')
-  redis.call('PEXPIRE', KEYS[1], '25')
+  redis.call('HSET', KEYS[1], '@TURN@' .. head, '0')
+  redis.call('PEXPIRE', KEYS[1], '@GRACE_MS@')
 end
 return 0

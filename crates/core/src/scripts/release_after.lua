@@ -1,28 +1,40 @@
 -- Let the owner's last hold end by itself later instead of releasing it now (ShedLock's
--- "lock at least for").
+-- "lock at least for"), or settle such a call whose reply never came.
 --
 -- KEYS[1]  lock hash  P:{N}
 -- ARGV[1]  owner id
 -- ARGV[2]  milliseconds until the lock ends
+-- ARGV[3]  the token of the grant the hold belongs to
+-- ARGV[4]  absent normally; to settle an unanswered call: the hold count the owner has if it
+--          did not run. The call is applied only then.
 --
 -- Replies:
 --   remaining       remaining > 0: a re-entered hold was released as usual (the owner's outer
 --                   holds keep the lock); remaining 0: the last hold was handed to nobody (the
---                   '~expiring' field), so not even this owner can re-enter, and the lock ends
+--                   '@EXPIRING@' field), so not even this owner can re-enter, and the lock ends
 --                   in ARGV[2] ms.
---   -1              the owner holds nothing here; nothing changed.
---   error WRONGTYPE the key holds another type.
-local count = redis.pcall('HGET', KEYS[1], ARGV[1])
-if type(count) == 'table' then
-  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a lock')
+--   -1              the owner holds nothing here under that token; nothing changed.
+--   -2              settling: the count differs; nothing changed.
+--   error 'WRONGTYPE 1 ...'  the key holds another type.
+
+local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
+if fields.err then
+  if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+  end
+  return fields
 end
-if not count then
+local count = fields[1]
+if not count or fields[2] ~= ARGV[3] then
   return -1
+end
+if ARGV[4] and count ~= ARGV[4] then
+  return -2
 end
 if count ~= '1' then
   return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[1], '~expiring', '1')
+redis.call('HSET', KEYS[1], '@EXPIRING@', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 0

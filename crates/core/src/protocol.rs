@@ -1,0 +1,90 @@
+//! The protocol's words, defined once: the lock hash's special fields, the release-channel
+//! messages and the turn grace. Rust uses these constants, and the Lua scripts get them filled
+//! in when they are built ([`crate::scripts::Scripts::new`]), so the two cannot drift apart.
+
+use std::time::Duration;
+
+/// Hash field holding the fencing token of the grant (`@FENCE@` in the scripts). Fields starting
+/// with `~` are never owners: owner ids start with a uuid.
+pub const FENCE_FIELD: &str = "~fence";
+
+/// Prefix of the hash field that reserves a released lock for one client's turn
+/// (`~turn:<client id>`, `@TURN@` in the scripts). While reserved it is the hash's only field.
+pub const TURN_FIELD_PREFIX: &str = "~turn:";
+
+/// Hash field of a lock whose last hold was handed to nobody by `unlock_after` (`@EXPIRING@`):
+/// the lock stays until its tail runs out.
+pub const EXPIRING_FIELD: &str = "~expiring";
+
+/// Payload of a release with nobody queued (also force unlock and settled repairs): one waiter
+/// of each subscribed client wakes (`@FREE@`).
+pub const FREE_PAYLOAD: &str = "*";
+
+/// Payload published when a queued client took its turn (`@TAKEN@`): other clients stop their
+/// standby timers.
+pub const TAKEN_PAYLOAD: &str = "-";
+
+/// How long a released lock stays reserved for the client whose turn it is, by default, and how
+/// long other clients wait before trying themselves when that client does not take it (crashed,
+/// or its waiter left). Loopback handoffs take well under a millisecond; 25 ms also covers a
+/// LAN. [`Protocol::turn_grace`] changes it per client.
+pub const DEFAULT_TURN_GRACE: Duration = Duration::from_millis(25);
+
+/// One message on a lock's release channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// The lock is free (nobody was queued, or it was force-unlocked or settled).
+    Free,
+    /// A queued client took its turn.
+    Taken,
+    /// The lock is reserved for this client's turn (a client id).
+    Turn(&'a str),
+}
+
+impl<'a> Message<'a> {
+    /// Reads a payload. Anything that is not one of the two markers names a client.
+    pub fn parse(payload: &'a str) -> Message<'a> {
+        match payload {
+            FREE_PAYLOAD => Message::Free,
+            TAKEN_PAYLOAD => Message::Taken,
+            client => Message::Turn(client),
+        }
+    }
+
+    /// The payload as published.
+    pub fn payload(self) -> &'a str {
+        match self {
+            Message::Free => FREE_PAYLOAD,
+            Message::Taken => TAKEN_PAYLOAD,
+            Message::Turn(client) => client,
+        }
+    }
+}
+
+/// The timing of the turn protocol. Every client of one deployment should use the same values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Protocol {
+    /// How long a release reserves the lock for the next client's turn; see
+    /// [`DEFAULT_TURN_GRACE`].
+    pub turn_grace: Duration,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Protocol {
+            turn_grace: DEFAULT_TURN_GRACE,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        for message in [Message::Free, Message::Taken, Message::Turn("c0ffee")] {
+            assert_eq!(Message::parse(message.payload()), message);
+        }
+    }
+}

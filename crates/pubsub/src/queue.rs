@@ -1,0 +1,163 @@
+//! One lock's local FIFO of waiters, and a waiter's [`Place`] in it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use leasehold_core::LockError;
+use tokio::sync::Notify;
+
+use crate::notifier::{Channel, Inner};
+
+/// One waiter's wake-up cell. `notify_one` leaves a permit when the waiter is not parked, so a
+/// wake-up that comes while it is trying is not lost (the `Notify` rule).
+pub(crate) struct Cell {
+    pub(crate) notify: Notify,
+    /// Set when this waiter became head because the one before it got the lock: the lock is
+    /// busy (for at most this many milliseconds), so it should wait for a wake-up rather than
+    /// try at once. 0: try at once.
+    busy_ms: AtomicU64,
+}
+
+/// The waiters of one channel on this client, oldest first.
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub(crate) cells: VecDeque<Arc<Cell>>,
+}
+
+impl Queue {
+    /// Wakes the head, if any.
+    pub(crate) fn wake_head(&self) {
+        if let Some(head) = self.cells.front() {
+            head.notify.notify_one();
+        }
+    }
+}
+
+/// A waiter's place in its lock's local queue. Dropping it leaves the queue; the next waiter
+/// becomes head and is woken.
+pub struct Place {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) channel: Arc<Channel>,
+    pub(crate) cell: Arc<Cell>,
+    left: bool,
+}
+
+impl fmt::Debug for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Place")
+            .field("channel", &self.channel.name)
+            .field("head", &self.is_head())
+            .finish()
+    }
+}
+
+impl Place {
+    pub(crate) fn new(inner: Arc<Inner>, channel: Arc<Channel>) -> Place {
+        let cell = Arc::new(Cell {
+            notify: Notify::new(),
+            busy_ms: AtomicU64::new(0),
+        });
+        channel.queue.lock().cells.push_back(cell.clone());
+        inner.waiters.fetch_add(1, Ordering::SeqCst);
+        Place {
+            inner,
+            channel,
+            cell,
+            left: false,
+        }
+    }
+
+    /// Whether this waiter is the head of its queue: the one that talks to Redis.
+    pub fn is_head(&self) -> bool {
+        self.channel
+            .queue
+            .lock()
+            .cells
+            .front()
+            .is_some_and(|head| Arc::ptr_eq(head, &self.cell))
+    }
+
+    /// Whether other waiters of this client wait on the same lock.
+    pub fn has_company(&self) -> bool {
+        self.channel.queue.lock().cells.len() > 1
+    }
+
+    /// If this waiter became head because the one before it got the lock: how long the lock
+    /// stays busy at most (that waiter's lease). Read once.
+    pub fn take_busy_hint(&self) -> Option<std::time::Duration> {
+        match self.cell.busy_ms.swap(0, Ordering::SeqCst) {
+            0 => None,
+            ms => Some(std::time::Duration::from_millis(ms)),
+        }
+    }
+
+    /// Completes on the next wake-up of this place: a release message or standby timer while it
+    /// is head, promotion to head, or a possible message loss.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a wake-up that arrives after the future was dropped stays as a permit.
+    pub async fn woken(&self) {
+        self.cell.notify.notified().await
+    }
+
+    /// Whether Redis has this channel's subscription (as far as this client knows).
+    pub fn is_subscribed(&self) -> bool {
+        self.channel.is_subscribed()
+    }
+
+    /// Makes sure the channel is subscribed in Redis, connecting the subscriber on first use.
+    /// When this returns `Ok`, any message published from now on reaches this client.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the connection and the SUBSCRIBE run in tasks of their own, and the
+    /// bookkeeping follows what Redis was told whether or not this future is still there.
+    pub async fn subscribe(&self) -> Result<(), LockError> {
+        crate::notifier::subscribe(&self.inner, &self.channel).await
+    }
+
+    /// Leaves the queue. `granted_for`: this waiter got the lock with that lease, so the next
+    /// waiter (now head) should wait for a wake-up rather than try at once. Returns true when
+    /// the queue is now empty: no waiter of this client wants the lock any more.
+    pub fn leave(mut self, granted_for: Option<std::time::Duration>) -> bool {
+        self.left = true;
+        self.remove(granted_for)
+    }
+
+    fn remove(&mut self, granted_for: Option<std::time::Duration>) -> bool {
+        self.inner.waiters.fetch_sub(1, Ordering::SeqCst);
+        let empty = {
+            let mut queue = self.channel.queue.lock();
+            let was_head = queue
+                .cells
+                .front()
+                .is_some_and(|head| Arc::ptr_eq(head, &self.cell));
+            queue.cells.retain(|cell| !Arc::ptr_eq(cell, &self.cell));
+            if was_head {
+                if let Some(next) = queue.cells.front() {
+                    if let Some(lease) = granted_for {
+                        next.busy_ms
+                            .store((lease.as_millis() as u64).max(1), Ordering::SeqCst);
+                    }
+                    // Promotion: the next waiter learns it is head. Its busy hint (if any)
+                    // tells it whether to try at once.
+                    next.notify.notify_one();
+                }
+            }
+            queue.cells.is_empty()
+        };
+        if empty {
+            crate::notifier::idle(&self.inner, &self.channel);
+        }
+        empty
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if !self.left {
+            self.remove(None);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Releasing a hold, and settling state changes whose reply never came.
+//!
+//! A command sent once may be lost with its reply (a timeout, a broken connection, a future
+//! dropped while it was in flight): the client cannot know whether Redis ran it. Resending it
+//! blindly could release twice or count a hold twice. Instead the client *settles* it: it sends
+//! the release script with the hold count the owner has if the command ran (an acquire) or did
+//! not run (a release), and Redis releases one hold only if the count is exactly that. This
+//! compare-and-set is safe to resend, so it is retried until Redis answers, or until the hold
+//! has ended with its lease anyway. Every later acquire and release of the same hold waits for
+//! pending settles first ([`Watchdog::settled`](leasehold_watchdog::Watchdog::settled)), so a
+//! late settle can never take back a fresh change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use leasehold_core::commands::{self, ReleaseKind};
+use leasehold_core::{DropGuard, FencingToken, HoldId, LockError, Result};
+use tokio::time::Instant;
+
+use crate::client::ClientInner;
+
+/// One release on its way: everything it needs, detached from the guard so that a dropped
+/// guard can send it from a spawned task.
+pub(crate) struct Release {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) hold: HoldId,
+    /// The grant the hold belongs to (`None`: whichever the owner has, for `Lock::unlock`).
+    pub(crate) token: Option<FencingToken>,
+    pub(crate) kind: ReleaseKind,
+    /// How long until the hold ends by itself if the release does not run.
+    pub(crate) ends_within: Duration,
+}
+
+impl Release {
+    /// Sends the release once. If the reply never comes (or this future is dropped while it
+    /// is in flight), it is settled in the background.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: see above.
+    pub(crate) async fn send(self) -> Result<()> {
+        let client = &self.client;
+        let budget = client.command_timeout;
+        let until = Instant::now() + budget;
+        // An earlier unanswered command of this hold is settled first.
+        if !client.holds.settled(&self.hold, budget).await {
+            self.settle_later();
+            return Err(LockError::Timeout);
+        }
+        client.ready(until).await;
+        // Armed only now: dropped while waiting for the connection, nothing was sent; the
+        // release is still owed, though, so it is settled too.
+        let pending = DropGuard::new(|| self.settle_later());
+        let release = commands::release(
+            &client.redis,
+            &client.scripts,
+            &self.hold,
+            self.token,
+            self.kind,
+            None,
+        );
+        let reply = tokio::time::timeout_at(until, release)
+            .await
+            .unwrap_or(Err(LockError::Timeout));
+        match reply {
+            Ok(commands::Release::Released) => {
+                pending.disarm();
+                Ok(())
+            }
+            Ok(commands::Release::NotHeld | commands::Release::Unchanged) => {
+                pending.disarm();
+                Err(self.not_held())
+            }
+            // The outcome is unknown: `pending` settles it when dropped here.
+            Err(error) if error.is_transient() => Err(error),
+            Err(error) => {
+                pending.disarm();
+                Err(error)
+            }
+        }
+    }
+
+    fn not_held(&self) -> LockError {
+        LockError::NotHeld {
+            name: self.hold.keys.name().to_string(),
+            owner: self.hold.owner.to_string(),
+        }
+    }
+
+    /// Settles this release in the background: "if the owner still has the holds it had before
+    /// this release, release one".
+    fn settle_later(&self) {
+        let holds_before = self
+            .client
+            .holds
+            .grant_of(&self.hold)
+            .filter(|grant| Some(grant.token) == self.token)
+            .map_or(0, |grant| grant.guards)
+            + 1;
+        settle(
+            &self.client,
+            &self.hold,
+            self.token,
+            self.kind,
+            holds_before,
+            self.ends_within,
+        );
+    }
+}
+
+/// Settles an unanswered state change of `hold` in the background: releases one hold (or
+/// hands the last one to nobody, for `ReleaseKind::After`) if the owner's count is `expected`.
+/// Resent until Redis answers, or until `give_up_after`, when the hold has ended by itself.
+pub(crate) fn settle(
+    client: &Arc<ClientInner>,
+    hold: &HoldId,
+    token: Option<FencingToken>,
+    kind: ReleaseKind,
+    expected: u64,
+    give_up_after: Duration,
+) {
+    let work = {
+        let (client, hold) = (client.clone(), hold.clone());
+        async move {
+            let give_up_at = Instant::now() + give_up_after;
+            let mut delay = Duration::from_millis(10);
+            loop {
+                let settle = commands::release(
+                    &client.redis,
+                    &client.scripts,
+                    &hold,
+                    token,
+                    kind,
+                    Some(expected),
+                );
+                match client.call(client.command_timeout, settle).await {
+                    Ok(outcome) => {
+                        tracing::debug!(lock = %hold.keys.name(), ?outcome, "unanswered command settled");
+                        return;
+                    }
+                    Err(error) if error.is_transient() && Instant::now() + delay < give_up_at => {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                    }
+                    Err(error) => {
+                        tracing::warn!(lock = %hold.keys.name(), %error, "could not settle an unanswered command; the lease will end the hold");
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    client.holds.settle(hold, work.boxed());
+}

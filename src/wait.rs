@@ -1,0 +1,293 @@
+//! The waiting engine: how any kind of lock waits, whatever its scripts.
+//!
+//! # Implementation details
+//! Waiters of one client on one lock form a local FIFO queue ([`Place`]); only its head talks
+//! to Redis, so a task that releases and asks again at once lines up behind its client's
+//! earlier waiters. The head repeats three steps:
+//!
+//! 1. **Try** ([`Attempt::attempt`]). Granted: done. Otherwise the reply says how long the
+//!    lock stays busy at most (the holder's remaining lease, or a turn reservation's).
+//! 2. **Register interest** in the lock's release channel *before the next try*, so a release
+//!    between a failed try and the wait is not missed (the `Notify::enable` rule). Interest is
+//!    free when the channel is already subscribed (another waiter, or a lingering
+//!    subscription): then the first try is already a waiter's try, which also queues the
+//!    client for its turn. Otherwise the first try goes out alone (most locks are free) and the
+//!    subscriber is opened only when there is something to wait for.
+//! 3. **Sleep** until a wake-up (a release message: the lock is free or it is this client's
+//!    turn; or a message may have been lost), or until the busy time from step 1 runs out (a
+//!    holder that crashed publishes nothing; a reserved turn nobody takes lapses), or until the
+//!    caller's deadline; then try again.
+//!
+//! The invariant this keeps: a head never sleeps past the moment the lock could have become
+//! free without telling it, whatever message it missed, because every "busy" reply carries a
+//! bound. Transient errors are retried with backoff until the deadline; at the deadline the
+//! caller learns the last such error rather than "busy" when the last try could not reach
+//! Redis.
+//!
+//! A kind of lock plugs in by implementing [`Attempt`] with its own scripts.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::commands::{self, Waiter};
+use leasehold_core::{LockError, LockKeys, Result};
+use leasehold_pubsub::Place;
+use tokio::time::Instant;
+
+use crate::client::ClientInner;
+
+/// What one try answered.
+pub(crate) enum Tried<G> {
+    Granted(G),
+    /// Busy for at most this long (`None`: no bound known).
+    Busy(Option<Duration>),
+}
+
+/// One try of some kind of lock, as the engine drives it.
+pub(crate) trait Attempt {
+    type Grant;
+
+    /// Tries once, within `budget` (connection wait included). With `waiter`, the try may take
+    /// a turn reserved for this client and queues the client when busy: the caller is
+    /// subscribed.
+    fn attempt(
+        &mut self,
+        waiter: Option<Waiter<'_>>,
+        budget: Duration,
+    ) -> impl Future<Output = Result<Tried<Self::Grant>>> + Send;
+
+    /// How long a grant keeps the lock at most: what the next local waiter is told.
+    fn lease(&self) -> Duration;
+}
+
+/// Retry delay after transient errors while waiting: 10 ms doubling to 1 s.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let delay = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+        delay
+    }
+}
+
+/// One waiter of one lock: its place in line, its deadline, and what it learned. Dropping it
+/// (done, failed or cancelled) leaves the line.
+pub(crate) struct Wait<'a> {
+    client: &'a Arc<ClientInner>,
+    keys: &'a LockKeys,
+    deadline: Option<Instant>,
+    place: Option<Place>,
+    backoff: Backoff,
+    /// The error of the last try, if it failed transiently and nothing answered since.
+    last_error: Option<LockError>,
+    /// Set when this waiter got the lock, with the grant's lease.
+    granted: Option<Duration>,
+}
+
+impl Drop for Wait<'_> {
+    /// Leaves the line. The last waiter of this client to give up takes the client out of the
+    /// lock's turn queue, so the next release does not reserve the lock for a client that no
+    /// longer wants it (everyone would wait out the grace).
+    fn drop(&mut self) {
+        let Some(place) = self.place.take() else {
+            return;
+        };
+        let subscribed = place.is_subscribed();
+        let last = place.leave(self.granted);
+        if last && self.granted.is_none() && subscribed {
+            leave_turn_queue(self.client, self.keys);
+        }
+    }
+}
+
+impl<'a> Wait<'a> {
+    /// Takes a place at the back of the lock's local queue.
+    pub(crate) fn join(
+        client: &'a Arc<ClientInner>,
+        keys: &'a LockKeys,
+        deadline: Option<Instant>,
+    ) -> Wait<'a> {
+        Wait {
+            client,
+            keys,
+            deadline,
+            place: Some(client.notifier.join(keys.released())),
+            backoff: Backoff(Duration::from_millis(10)),
+            last_error: None,
+            granted: None,
+        }
+    }
+
+    fn place(&self) -> &Place {
+        self.place.as_ref().expect("a place until dropped")
+    }
+
+    fn expired(&self) -> bool {
+        self.deadline.is_some_and(|d| d <= Instant::now())
+    }
+
+    /// Waits until this waiter heads the line; false at the deadline.
+    pub(crate) async fn until_head(&mut self) -> bool {
+        loop {
+            let place = self.place();
+            if place.is_head() {
+                return true;
+            }
+            match self.deadline {
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, place.woken())
+                        .await
+                        .is_err()
+                    {
+                        return place.is_head();
+                    }
+                }
+                None => place.woken().await,
+            }
+        }
+    }
+
+    /// Registers interest (subscribes the channel). A transient failure is kept as the last
+    /// error and waited out with backoff.
+    pub(crate) async fn register_interest(&mut self) -> Result<()> {
+        let subscribe = self.place().subscribe();
+        let result = match self.deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, subscribe)
+                .await
+                .unwrap_or(Err(LockError::Timeout)),
+            None => subscribe.await,
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(error) if error.is_transient() => {
+                tracing::debug!(lock = %self.keys.name(), %error, "subscribe failed; retrying");
+                self.backoff_after(error).await;
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Sleeps until a wake-up, `busy_for` from now, or the deadline.
+    pub(crate) async fn sleep(&mut self, busy_for: Option<Duration>) {
+        // +1 ms: PTTL rounds down, and waking a hair early wastes a try. No bound known (a key
+        // without TTL): look again every second.
+        let busy_for = busy_for.map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1));
+        let mut wake_at = Instant::now() + busy_for;
+        if let Some(deadline) = self.deadline {
+            wake_at = wake_at.min(deadline);
+        }
+        tokio::select! {
+            _ = self.place().woken() => {}
+            _ = tokio::time::sleep_until(wake_at) => {}
+        }
+    }
+
+    async fn backoff_after(&mut self, error: LockError) {
+        self.last_error = Some(error);
+        let mut wake_at = Instant::now() + self.backoff.next();
+        if let Some(deadline) = self.deadline {
+            wake_at = wake_at.min(deadline);
+        }
+        tokio::time::sleep_until(wake_at).await;
+    }
+
+    /// The waiter arguments of a try: set when subscribed (the try may then take this client's
+    /// reserved turn, and queues the client).
+    fn waiter(&self) -> Option<Waiter<'a>> {
+        let place = self.place();
+        place.is_subscribed().then(|| Waiter {
+            client: self.client.id.as_str(),
+            more: place.has_company(),
+        })
+    }
+}
+
+/// Sends the ZREM of `client`'s id from the lock's turn queue, in the background.
+fn leave_turn_queue(client: &Arc<ClientInner>, keys: &LockKeys) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (client, keys) = (client.clone(), keys.clone());
+    runtime.spawn(async move {
+        let budget = client.command_timeout;
+        let left = client
+            .call(
+                budget,
+                commands::leave_queue(&client.redis, &keys, client.id.as_str()),
+            )
+            .await;
+        if let Err(error) = left {
+            tracing::debug!(lock = %keys.name(), %error, "leaving the turn queue failed; the next release will skip us after the grace");
+        }
+    });
+}
+
+/// Waits for the lock with `attempt`, until `deadline` (`None`: no limit). See the module
+/// docs. `Ok(None)`: still busy at the deadline.
+///
+/// # Cancel safety
+/// Cancel safe: a dropped wait leaves its place (the next waiter is woken), and the turn queue
+/// when it was its client's last waiter; a try in flight is settled by the attempt itself.
+pub(crate) async fn acquire<A: Attempt>(
+    client: &Arc<ClientInner>,
+    keys: &LockKeys,
+    attempt: &mut A,
+    deadline: Option<Instant>,
+) -> Result<Option<A::Grant>> {
+    let mut wait = Wait::join(client, keys, deadline);
+    if !wait.until_head().await {
+        return Ok(None);
+    }
+    if let Some(busy_for) = wait.place().take_busy_hint() {
+        // The waiter before us just got the lock: no try can succeed now. Subscribed, wait
+        // for its release; otherwise subscribe, and the first try queues this client.
+        if wait.place().is_subscribed() {
+            wait.sleep(Some(busy_for)).await;
+        } else {
+            wait.register_interest().await?;
+        }
+    }
+    loop {
+        // A try that starts at or after the deadline is the last one.
+        let last = wait.expired();
+        let waiter = wait.waiter();
+        let budget = client.budget(deadline);
+        match attempt.attempt(waiter, budget).await {
+            Ok(Tried::Granted(grant)) => {
+                wait.granted = Some(attempt.lease());
+                return Ok(Some(grant));
+            }
+            Ok(Tried::Busy(busy_for)) => {
+                wait.last_error = None;
+                wait.backoff = Backoff(Duration::from_millis(10));
+                if last || wait.expired() {
+                    return Ok(None);
+                }
+                if waiter.is_some() {
+                    wait.sleep(busy_for).await;
+                } else {
+                    // A release published before the subscription reached nobody, so the lock
+                    // is tried again (as a waiter) at once when it is active.
+                    wait.register_interest().await?;
+                }
+            }
+            Err(error) if error.is_transient() => {
+                tracing::debug!(lock = %keys.name(), %error, "try failed while waiting; retrying");
+                if last || wait.expired() {
+                    return Err(error);
+                }
+                wait.backoff_after(error).await;
+            }
+            Err(error) => return Err(error),
+        }
+        if wait.expired() {
+            if let Some(error) = wait.last_error.take() {
+                // The last try (or subscribe) could not reach Redis: say so rather than "busy".
+                return Err(error);
+            }
+        }
+    }
+}
