@@ -203,13 +203,25 @@ impl<'a> LockGuard<'a> {
         }
     }
 
+    /// The hold (lock and owner) this guard counts in.
+    pub(crate) fn hold(&self) -> &HoldId {
+        &self.hold
+    }
+
+    pub(crate) fn client(&self) -> &Arc<ClientInner> {
+        &self.client
+    }
+
     /// Takes this guard's hold out of the hold table (stopping renewal) and prepares its
     /// release: whatever the reply, this guard no longer keeps the lease alive.
     fn start_release(&mut self, kind: ReleaseKind) -> Release {
         let ends_within = self.valid_until().saturating_duration_since(Instant::now())
             + self.client.command_timeout;
+        // The ticket first: from here the owner's next acquire waits for this release.
+        let ticket = self.client.holds.begin_release(&self.hold);
         self.share = None;
         Release {
+            _ticket: ticket,
             client: self.client.clone(),
             hold: self.hold.clone(),
             token: Some(self.fence),

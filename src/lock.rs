@@ -202,6 +202,7 @@ impl Lock {
         let hold = HoldId::new(self.keys.clone(), self.owner());
         let grant = self.client.holds.grant_of(&hold);
         Release {
+            _ticket: self.client.holds.begin_release(&hold),
             client: self.client.clone(),
             token: grant.map(|g| g.token),
             hold,
@@ -250,8 +251,9 @@ impl Lock {
             lease,
         };
         // A detached guard of this task's hold lives in another task: this task waits for it
-        // like any other task instead of re-entering it.
-        if attempt.hold.owner.is_task()
+        // like any other task instead of re-entering it. (A handle with an explicit owner
+        // re-enters on purpose: see LockGuard::reentrant.)
+        if self.owner.is_none()
             && !client.holds.until_attached(&attempt.hold, deadline).await
         {
             return Ok(None);
@@ -291,6 +293,35 @@ impl Lock {
             granted.share,
         )
     }
+}
+
+impl LockGuard<'_> {
+    /// A handle on this lock that acquires under this guard's owner, so its acquires re-enter
+    /// this hold. For a worker that received a [detached](LockGuard::detach) guard and calls
+    /// code that locks the same lock again: through the plain handle it would wait for its own
+    /// guard, as a `tokio::sync::Mutex` locked twice does.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("ledger")?;
+    /// let guard = lock.lock().await?.detach();
+    /// tokio::spawn(async move {
+    ///     let again = guard.reentrant();
+    ///     let inner = again.try_lock().await?.expect("re-enters its own hold");
+    ///     assert_eq!(inner.hold_count(), 2);
+    ///     inner.unlock().await?;
+    ///     guard.unlock().await
+    /// })
+    /// .await
+    /// .unwrap()?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    pub fn reentrant(&self) -> Lock {
+        Lock::new(self.client().clone(), self.hold().keys.clone())
+            .with_owner(self.hold().owner.clone())
+    }
+
 }
 
 /// A grant of the plain lock, before it becomes a guard.

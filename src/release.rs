@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use leasehold_core::commands::{self, ReleaseKind};
 use leasehold_core::{DropGuard, FencingToken, HoldId, LockError, Result};
+use leasehold_watchdog::ReleaseTicket;
 use tokio::time::Instant;
 
 use crate::client::ClientInner;
@@ -30,6 +31,8 @@ pub(crate) struct Release {
     pub(crate) kind: ReleaseKind,
     /// How long until the hold ends by itself if the release does not run.
     pub(crate) ends_within: Duration,
+    /// Keeps the owner's next acquire of this hold from overtaking this release.
+    pub(crate) _ticket: ReleaseTicket,
 }
 
 impl Release {
@@ -43,7 +46,7 @@ impl Release {
         let budget = client.command_timeout;
         let until = Instant::now() + budget;
         // An earlier unanswered command of this hold is settled first.
-        if !client.holds.settled(&self.hold, budget).await {
+        if !client.holds.repaired(&self.hold, budget).await {
             self.settle_later();
             return Err(LockError::Timeout);
         }

@@ -1,7 +1,8 @@
 //! Regression tests for the defects reported in the project's issue, one test per defect (or
 //! per case of a defect). Each test reproduces its defect on the code it was written against
 //! and passes once the defect is fixed; the comment at the top of each test says how it failed
-//! then. (Defect 4, guard hand-off between tasks, is covered elsewhere.)
+//! then. Defect 4 (a guard handed to another task) is also covered by a `compile_fail` doctest
+//! on `LockGuard`: the pattern that ran two critical sections at once no longer compiles.
 
 mod common;
 
@@ -273,6 +274,112 @@ async fn defect3_a_lost_watched_guard_is_not_revived_by_a_new_grant() {
     drop(explicit);
     drop(g1);
     keepalive.unlock().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Two critical sections at once under one lock
+// ---------------------------------------------------------------------------------------------
+
+/// The hand-off pattern: a task locks, hands the guard to a spawned worker, and locks again.
+/// The guard must be detached to leave its task (the undetached pattern does not compile: see
+/// the `compile_fail` example on `LockGuard`), and a detached guard is not re-entered by the
+/// task that acquired it: the workers run one after another.
+///
+/// Before the fix the pattern compiled without `detach()`, and every `lock()` of the loop
+/// re-entered at once (hold counts 1, 2, 3, ...): all workers ran at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect4_handed_off_guards_run_one_at_a_time() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("hand-off").unwrap();
+    let sections: Arc<Mutex<Vec<(Instant, Instant, u64)>>> = Arc::default();
+    let mut workers = Vec::new();
+    for _ in 0..5 {
+        let guard = lock.lock().await.unwrap().detach();
+        assert_eq!(guard.hold_count(), 1, "a fresh grant, not a re-entry");
+        let sections = sections.clone();
+        workers.push(tokio::spawn(async move {
+            let start = Instant::now();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let token = guard.fencing_token().get();
+            sections.lock().push((start, Instant::now(), token));
+            guard.unlock().await.unwrap();
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let mut sections = sections.lock().clone();
+    assert_eq!(sections.len(), 5);
+    sections.sort_by_key(|(start, _, _)| *start);
+    for pair in sections.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two workers at once: {pair:?}");
+        assert!(pair[1].2 > pair[0].2, "a new grant each time: {pair:?}");
+    }
+    assert!(!exists(&redis, "leasehold:{hand-off}"));
+}
+
+/// While a task's detached guard lives elsewhere, the task's own acquires treat the lock as
+/// busy (`try_lock` refuses, `try_lock_for` waits), and get a fresh grant once it is released.
+/// Nested re-entry inside one task and explicit owners shared by tasks are unchanged, and the
+/// worker holding the detached guard re-enters through `reentrant()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect4_a_detached_guard_is_not_reentered_by_its_task() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("detached").unwrap();
+
+    // Nested re-entry in one task.
+    let outer = lock.lock().await.unwrap();
+    let inner = lock.lock().await.unwrap();
+    assert_eq!((outer.hold_count(), inner.hold_count()), (1, 2));
+    inner.unlock().await.unwrap();
+    let token = outer.fencing_token();
+
+    // Detached: the task no longer re-enters it.
+    let outer = outer.detach();
+    let (release, released) = oneshot::channel::<()>();
+    let worker = tokio::spawn(async move {
+        // The worker re-enters its own hold through the guard's owner.
+        let again_lock = outer.reentrant();
+        let again = again_lock.try_lock().await.unwrap().expect("re-enters");
+        assert_eq!(again.hold_count(), 2);
+        again.unlock().await.unwrap();
+        released.await.unwrap();
+        outer.unlock().await.unwrap();
+    });
+    assert!(lock.try_lock().await.unwrap().is_none(), "busy for this task");
+    assert!(lock
+        .try_lock_for(Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_none());
+    release.send(()).unwrap();
+    let fresh = lock
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free once the worker released it");
+    assert_eq!(fresh.hold_count(), 1);
+    assert!(fresh.fencing_token() > token);
+    fresh.unlock().await.unwrap();
+    worker.await.unwrap();
+
+    // An explicit owner shared by two tasks still shares one hold.
+    let owner = client.new_owner();
+    let shared = lock.clone().with_owner(owner);
+    let first = shared.lock().await.unwrap().detach();
+    let second = tokio::spawn({
+        let shared = shared.clone();
+        async move { shared.try_lock().await.unwrap().map(|g| g.detach()) }
+    })
+    .await
+    .unwrap()
+    .expect("the same explicit owner re-enters from another task");
+    assert_eq!(second.hold_count(), 2);
+    second.unlock().await.unwrap();
+    first.unlock().await.unwrap();
+    assert!(!exists(&redis, "leasehold:{detached}"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ pub struct RedisServerBuilder {
     binary: Option<OsString>,
     args: Vec<OsString>,
     startup_timeout: Duration,
+    cluster: bool,
 }
 
 impl Default for RedisServerBuilder {
@@ -45,6 +46,7 @@ impl Default for RedisServerBuilder {
             binary: None,
             args: Vec::new(),
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            cluster: false,
         }
     }
 }
@@ -75,6 +77,15 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Starts a one-node Redis Cluster: `--cluster-enabled yes`, every slot assigned to this
+    /// node, started once `CLUSTER INFO` says `cluster_state:ok`. Its port is below 55535, so
+    /// that the cluster bus port (port + 10000) exists and is free too. Lock scripts must keep
+    /// every key in one slot here, exactly as on a real cluster.
+    pub fn single_node_cluster(mut self) -> Self {
+        self.cluster = true;
+        self
+    }
+
     /// How long to wait for the server to answer `PING` (default 10 s).
     pub fn startup_timeout(mut self, timeout: Duration) -> Self {
         self.startup_timeout = timeout;
@@ -90,19 +101,28 @@ impl RedisServerBuilder {
         let dir = tempfile::Builder::new()
             .prefix("leasehold-redis-")
             .tempdir()?;
+        let mut args = self.args;
+        if self.cluster {
+            let cluster_args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"];
+            args.splice(0..0, cluster_args.map(OsString::from));
+        }
         let config = Config {
             binary,
-            args: self.args,
+            args,
             startup_timeout: self.startup_timeout,
         };
 
         let mut last_err = None;
         for attempt in 1..=START_PORT_ATTEMPTS {
-            let port = free_port()?;
+            let port = if self.cluster {
+                free_cluster_port()?
+            } else {
+                free_port()?
+            };
             match launch(&config, dir.path(), port) {
                 Ok(child) => {
                     tracing::debug!(port, pid = child.id(), "redis-server started");
-                    return Ok(RedisServer {
+                    let server = RedisServer {
                         port,
                         config,
                         state: Mutex::new(State {
@@ -111,7 +131,11 @@ impl RedisServerBuilder {
                             paused: false,
                         }),
                         dir,
-                    });
+                    };
+                    if self.cluster {
+                        server.own_every_slot(self.startup_timeout)?;
+                    }
+                    return Ok(server);
                 }
                 Err(Launch::AddrInUse(e)) => {
                     tracing::debug!(
@@ -195,6 +219,29 @@ impl RedisServer {
     /// Starts a server with the default configuration. Same as `RedisServer::builder().start()`.
     pub fn start() -> Result<RedisServer> {
         RedisServerBuilder::default().start()
+    }
+
+    /// Assigns every slot to this (cluster-enabled) node and waits for `cluster_state:ok`.
+    fn own_every_slot(&self, within: Duration) -> Result<()> {
+        self.command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
+        let deadline = Instant::now() + within;
+        loop {
+            let info = self.command(&["CLUSTER", "INFO"])?;
+            if info
+                .as_str()
+                .is_some_and(|text| text.contains("cluster_state:ok"))
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(TestkitError::StartFailed {
+                    port: self.port,
+                    reason: format!("cluster_state not ok within {within:?}"),
+                    log_tail: self.log_tail(LOG_TAIL_BYTES),
+                });
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// A builder for extra `redis-server` arguments and options.
@@ -377,6 +424,25 @@ pub(crate) fn parse_command_calls(info: &str, name: &str) -> u64 {
                 .and_then(|n| n.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// A free port below 55535 whose cluster bus port (+ 10000) is free too.
+fn free_cluster_port() -> Result<u16> {
+    for _ in 0..1000 {
+        let port = free_port()?;
+        if port < 55535 && TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    // Ports from the kernel's ephemeral range may all sit above 55535: pick from below it.
+    for port in (20000..55535u16).step_by(7) {
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+            && TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10000)).is_ok()
+        {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, "no free port pair for a cluster node").into())
 }
 
 /// A free port: bind port 0, note the port, drop the listener.

@@ -55,11 +55,14 @@ pub(crate) struct Entry {
     pub(crate) settling: Option<(u64, Settle)>,
     pub(crate) detached: usize,
     pub(crate) reattached: Option<Arc<Notify>>,
+    /// Releases of this hold in flight, and who waits for them to end.
+    pub(crate) releasing: usize,
+    pub(crate) released: Option<Arc<Notify>>,
 }
 
 impl Entry {
     fn is_empty(&self) -> bool {
-        self.grant.is_none() && self.settling.is_none() && self.detached == 0
+        self.grant.is_none() && self.settling.is_none() && self.detached == 0 && self.releasing == 0
     }
 }
 
@@ -97,6 +100,8 @@ impl State {
             settling: None,
             detached: 0,
             reattached: None,
+            releasing: 0,
+            released: None,
         });
         self.index.insert(hold.clone(), slot);
         slot
@@ -244,7 +249,56 @@ impl Drop for HoldGuard {
     }
 }
 
+/// A release of one hold in flight: the owner's next acquire or release of the same hold waits
+/// until it is dropped (answered, or handed to a settle), so it can never overtake it.
+pub struct ReleaseTicket {
+    shared: Arc<Shared>,
+    hold: HoldId,
+    entry_id: u64,
+}
+
+impl fmt::Debug for ReleaseTicket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseTicket")
+            .field("lock", &self.hold.keys.name())
+            .finish()
+    }
+}
+
+impl Drop for ReleaseTicket {
+    fn drop(&mut self) {
+        let mut state = self.shared.state.lock();
+        let Some(&slot) = state.index.get(&self.hold) else {
+            return;
+        };
+        let entry = &mut state.entries[slot];
+        if entry.id != self.entry_id {
+            return;
+        }
+        entry.releasing -= 1;
+        if entry.releasing == 0 {
+            if let Some(notify) = entry.released.take() {
+                notify.notify_waiters();
+            }
+        }
+        state.tidy(slot);
+    }
+}
+
 impl Watchdog {
+    /// Registers a release of `hold` about to be sent; see [`ReleaseTicket`].
+    pub fn begin_release(&self, hold: &HoldId) -> ReleaseTicket {
+        let mut state = self.shared.state.lock();
+        let slot = state.entry(hold);
+        let entry = &mut state.entries[slot];
+        entry.releasing += 1;
+        ReleaseTicket {
+            shared: self.shared.clone(),
+            hold: hold.clone(),
+            entry_id: entry.id,
+        }
+    }
+
     /// Records a grant answered by an acquire of `hold` sent at `sent_at`: `hold_count` 1 is a
     /// new grant, more a re-entry of the grant `token`. Returns the new guard's share.
     ///
@@ -458,19 +512,60 @@ impl Watchdog {
         runtime.spawn(settle);
     }
 
-    /// Waits up to `within` for the repairs of `hold` in flight; false if one is still running
-    /// (Redis is not answering: the caller should not send a new command for the hold yet).
+    /// Waits up to `within` for the releases and repairs of `hold` in flight (an acquire must
+    /// not overtake either); false if one is still running (Redis is not answering: the caller
+    /// should not send a new command for the hold yet).
     pub async fn settled(&self, hold: &HoldId, within: Duration) -> bool {
-        let pending = {
-            let state = self.shared.state.lock();
-            let Some(&slot) = state.index.get(hold) else {
-                return true;
+        self.quiet(hold, within, true).await
+    }
+
+    /// Waits up to `within` for the repairs of `hold` in flight (what a release must not
+    /// overtake); false if one is still running.
+    pub async fn repaired(&self, hold: &HoldId, within: Duration) -> bool {
+        self.quiet(hold, within, false).await
+    }
+
+    async fn quiet(&self, hold: &HoldId, within: Duration, releases_too: bool) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let (settle, released) = {
+                let mut state = self.shared.state.lock();
+                let Some(&slot) = state.index.get(hold) else {
+                    return true;
+                };
+                let entry = &mut state.entries[slot];
+                let settle = entry.settling.as_ref().map(|(_, s)| s.clone());
+                let released = (releases_too && entry.releasing > 0)
+                    .then(|| entry.released.get_or_insert_with(Default::default).clone());
+                (settle, released)
             };
-            match &state.entries[slot].settling {
-                Some((_, settle)) => settle.clone(),
-                None => return true,
+            match (settle, released) {
+                (None, None) => return true,
+                (Some(settle), _) => {
+                    if tokio::time::timeout_at(deadline, settle).await.is_err() {
+                        return false;
+                    }
+                }
+                (None, Some(released)) => {
+                    let notified = released.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    if self.releases_in_flight(hold) == 0 {
+                        continue;
+                    }
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        return false;
+                    }
+                }
             }
-        };
-        tokio::time::timeout(within, pending).await.is_ok()
+        }
+    }
+
+    fn releases_in_flight(&self, hold: &HoldId) -> usize {
+        let state = self.shared.state.lock();
+        state
+            .index
+            .get(hold)
+            .map_or(0, |&slot| state.entries[slot].releasing)
     }
 }
