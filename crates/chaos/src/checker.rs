@@ -10,7 +10,18 @@
 //! - the store reads its time under its write lock, so store times order writes exactly.
 //!
 //! The history can only under-report beliefs (samples are sparse), never over-report, so every
-//! counted violation happened.
+//! counted overlap happened.
+//!
+//! # Two tasks in one critical section
+//!
+//! A critical section is identified by (client process, task), not by owner id: the task that
+//! acquired, or from a `Handoff` event on, the task the guard was handed to. Two beliefs on one
+//! lock that overlap are a violation when their owners differ ([`OVERLAP`]), and also under one
+//! owner id when at some instant of the overlap two different tasks ran them
+//! ([`OVERLAP_TWO_TASKS`]): a guard handed to a spawned task while the task that acquired it
+//! asked again and re-entered the hold (ownership is the acquiring task). Only nested re-entry
+//! within one task may overlap. The data-loss allowance of the overlap check applies to both,
+//! and so does its soundness: both sections are proven by true belief samples.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -87,6 +98,8 @@ struct Op {
     writes: Vec<(i64, u64, bool)>,
     released: Option<(i64, ReleaseHow, String)>,
     abandoned: bool,
+    /// When the guard was handed to another task, and that task's number.
+    handoff: Option<(i64, u32)>,
 }
 
 impl Op {
@@ -100,6 +113,16 @@ impl Op {
             .map(|(t, _)| *t)
             .max()?;
         (last >= grant.t).then_some((grant.t, last))
+    }
+
+    /// The critical section's identity at `t`: (client, generation, task). The task is the one
+    /// that acquired, or from a hand-off on the one the guard went to.
+    fn task_at(&self, t: i64) -> (u32, u32, u32) {
+        let (client, gen, _) = self.key;
+        match self.handoff {
+            Some((at, to_task)) if t >= at => (client, gen, to_task),
+            _ => (client, gen, self.task),
+        }
     }
 
     fn finished_at(&self) -> Option<i64> {
@@ -184,6 +207,8 @@ pub const FENCE_REUSED: &str = "fence: one token handed to two grants";
 pub const FENCE_ORDER: &str = "fence: token not above an earlier grant's (real-time order)";
 pub const FENCE_RESTART: &str = "fence: tokens that went backwards across a Redis restart";
 pub const OVERLAP: &str = "exclusion: overlapping holds, both holders believed valid";
+pub const OVERLAP_TWO_TASKS: &str =
+    "exclusion: two tasks' critical sections overlapping under one owner id";
 pub const OVERLAP_DATA_LOSS: &str = "exclusion: overlaps after Redis lost its data";
 pub const LATE_WRITES: &str = "exclusion: writes landing after the writer's lease, in another hold";
 pub const ORPHANED: &str =
@@ -258,6 +283,7 @@ pub fn analyze(
                         writes: Vec::new(),
                         released: None,
                         abandoned: false,
+                        handoff: None,
                     },
                 );
                 continue;
@@ -294,6 +320,7 @@ pub fn analyze(
                     t, how, outcome, ..
                 } => entry.released = Some((*t, *how, outcome.clone())),
                 Event::Abandoned { .. } => entry.abandoned = true,
+                Event::Handoff { t, to_task, .. } => entry.handoff = Some((*t, *to_task)),
                 Event::Begin { .. } | Event::Start { .. } | Event::Drained { .. } => {}
             }
         }
@@ -597,6 +624,7 @@ fn exclusion_checks(
         }
     }
     let mut violations = 0;
+    let mut two_tasks = 0;
     let mut data_loss = 0;
     for beliefs in by_res.values_mut() {
         beliefs.sort_by_key(|b| b.from);
@@ -608,14 +636,17 @@ fn exclusion_checks(
                     a.op.granted.as_ref().expect("belief needs a grant"),
                     b.op.granted.as_ref().expect("belief needs a grant"),
                 );
-                if oa.owner == ob.owner {
+                let overlap_end = a.to.min(b.to);
+                // One owner id: a nested re-entry while one task runs both sections, two
+                // critical sections at once when two tasks do.
+                let one_owner = oa.owner == ob.owner;
+                if one_owner && two_tasks_at(a.op, b.op, b.from, overlap_end).is_none() {
                     continue;
                 }
                 // Redis losing its data between the first acquire and the second grant lets
                 // both in; the first holder cannot know until its next renewal, and believes
                 // at most one lease past the loss (its deadline is a lease after the last
                 // renewal it sent before). Believing longer than that is a violation.
-                let overlap_end = a.to.min(b.to);
                 let why = match last_restart_within(a.op.begin, ob.t) {
                     Some(lost_by) if overlap_end <= lost_by + a.op.lease => {
                         data_loss += 1;
@@ -624,9 +655,15 @@ fn exclusion_checks(
                     Some(_) => "believed past its lease after Redis lost its data: ",
                     None => "",
                 };
-                violations += 1;
+                let what = if one_owner {
+                    two_tasks += 1;
+                    "two tasks under one owner id, "
+                } else {
+                    violations += 1;
+                    ""
+                };
                 report.samples.push(format!(
-                    "{why}overlap of {} ms: {} believed [{}, {}], {} believed [{}, {}]",
+                    "{why}{what}overlap of {} ms: {} believed [{}, {}], {} believed [{}, {}]",
                     (a.to.min(b.to) - b.from) / 1000,
                     a.op.describe(),
                     a.from,
@@ -641,6 +678,9 @@ fn exclusion_checks(
     report
         .checks
         .push(CheckLine::must_be_zero(OVERLAP, violations));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(OVERLAP_TWO_TASKS, two_tasks));
     report.checks.push(CheckLine {
         name: OVERLAP_DATA_LOSS,
         count: data_loss,
@@ -703,12 +743,26 @@ fn exclusion_checks(
     });
 }
 
+/// An instant in [from, to] at which `a` and `b` (holds of one owner id) ran their critical
+/// sections in two different tasks, if there is one. Each op's task changes at most once (at
+/// its hand-off), so the pair of tasks is constant between those instants: looking at the ends
+/// and at the hand-offs inside [from, to] covers every stretch.
+fn two_tasks_at(a: &Op, b: &Op, from: i64, to: i64) -> Option<i64> {
+    let handoffs = [a.handoff, b.handoff].into_iter().flatten().map(|(t, _)| t);
+    [from, to]
+        .into_iter()
+        .chain(handoffs.filter(|t| (from..=to).contains(t)))
+        .find(|&t| a.task_at(t) != b.task_at(t))
+}
+
 /// A task holds one guard at a time, so a grant with a hold count above 1 re-entered a hold
 /// that outlived its owner's guards. After a dropped guard that is the background release not
 /// having run yet (a benign race); after anything else the hold was orphaned in Redis: an
 /// acquire that got no reply and whose rollback did not run, or a release that got no reply.
 /// Its owner's next `unlock()` then returns Ok yet leaves the lock held, for another lease, or
-/// for as long as the owner keeps re-acquiring it.
+/// for as long as the owner keeps re-acquiring it. A re-entry of a hold that a hand-off section
+/// (same owner id, another task) was still working under is not an orphan: it is counted by the
+/// two-task rule when the sections overlap.
 fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, Op>) {
     let mut by_owner: BTreeMap<(u32, u32, u32, u32), Vec<&Op>> = BTreeMap::new();
     for op in ops.values() {
@@ -718,13 +772,22 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
             .or_default()
             .push(op);
     }
-    let (mut orphaned, mut racing_drop) = (0, 0);
+    let (mut orphaned, mut racing_drop, mut handed_off) = (0, 0, 0);
     let (mut after_no_hold, mut after_release, mut after_unlock) = (0, 0, 0);
     for sequence in by_owner.values_mut() {
         sequence.sort_by_key(|o| o.begin);
-        for pair in sequence.windows(2) {
+        for (i, pair) in sequence.windows(2).enumerate() {
             let (previous, op) = (pair[0], pair[1]);
-            if op.granted.as_ref().is_none_or(|g| g.hold_count <= 1) {
+            let Some(grant) = op.granted.as_ref().filter(|g| g.hold_count > 1) else {
+                continue;
+            };
+            let section_alive = |p: &&Op| {
+                p.handoff.is_some()
+                    && p.granted.is_some()
+                    && p.released.as_ref().is_none_or(|(t, _, _)| *t >= grant.t)
+            };
+            if sequence[..=i].iter().any(section_alive) {
+                handed_off += 1;
                 continue;
             }
             match &previous.released {
@@ -752,7 +815,8 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
         note: format!(
             "{after_no_hold} after an op without a hold, {after_release} after an unanswered \
              release, {after_unlock} after a clean unlock (a retry within the call, or a chain); \
-             not counted: {racing_drop} racing a dropped guard's background release{}",
+             not counted: {racing_drop} racing a dropped guard's background release, \
+             {handed_off} re-entering a hold a hand-off section still used{}",
             if config.tolerate_orphaned_reentry {
                 " (tolerated: known library bug)"
             } else {
@@ -1242,5 +1306,67 @@ mod tests {
         }
         let h = [history(0, [dropped, reentered].concat())];
         assert_eq!(run(&h, &[], &[]).count(ORPHANED), 0);
+    }
+
+    fn set_hold_count(events: &mut [Event], count: u64) {
+        for event in events {
+            if let Event::Granted { hold_count, .. } = event {
+                *hold_count = count;
+            }
+        }
+    }
+
+    #[test]
+    fn two_tasks_of_one_owner_overlapping_fail() {
+        // Op 1's guard goes to task 7 at 150; task 0 goes on and re-enters (op 2, hold count 2)
+        // at 210 while task 7 still works under the hold (believed until 900).
+        let mut handed = hold(1, "a", 10, 0, 100, 900, None, 1_000);
+        handed.insert(
+            2,
+            Event::Handoff {
+                t: 150,
+                op: 1,
+                to_task: 7,
+            },
+        );
+        let mut reentered = hold(2, "a", 10, 200, 210, 700, None, 800);
+        set_hold_count(&mut reentered, 2);
+        let h = [history(0, [handed.clone(), reentered.clone()].concat())];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(OVERLAP_TWO_TASKS), 1, "{report}");
+        assert_eq!(report.count(OVERLAP), 0);
+        assert_eq!(report.count(ORPHANED), 0, "a hand-off is no orphan");
+        assert!(!report.passed());
+        // Two task loops under one owner id overlap just the same.
+        let mut other_task = hold(2, "a", 10, 200, 210, 700, None, 800);
+        if let Event::Begin { task, .. } = &mut other_task[0] {
+            *task = 1;
+        }
+        let h = [history(
+            0,
+            [hold(1, "a", 10, 0, 100, 900, None, 1_000), other_task].concat(),
+        )];
+        assert_eq!(run(&h, &[], &[]).count(OVERLAP_TWO_TASKS), 1);
+    }
+
+    #[test]
+    fn nested_reentry_within_one_task_passes() {
+        // Op 2 re-enters op 1's hold in the same task and is done (believed until 700) before
+        // op 1 is handed off at 750: one task at a time ran the critical section.
+        let mut outer = hold(1, "a", 10, 0, 100, 900, None, 1_000);
+        outer.insert(
+            2,
+            Event::Handoff {
+                t: 750,
+                op: 1,
+                to_task: 7,
+            },
+        );
+        let mut inner = hold(2, "a", 10, 500, 600, 700, None, 720);
+        set_hold_count(&mut inner, 2);
+        let h = [history(0, [outer, inner].concat())];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(OVERLAP_TWO_TASKS), 0, "{report}");
+        assert!(report.passed(), "{report}");
     }
 }

@@ -15,8 +15,10 @@
 //!   Redis restart;
 //! - exclusion: no two owners ever both believed (`is_held()`) they held one lock at one
 //!   instant, except right after Redis lost its data (counted apart, bounded by one lease);
-//!   writes that landed after their writer's lease (a pause between check and write) are
-//!   counted with how many the fence refused;
+//!   nor did two tasks under one owner id (a guard handed to a spawned task while the first
+//!   task acquired again): a critical section is a (client process, task), and only nested
+//!   re-entry within one task may overlap; writes that landed after their writer's lease (a
+//!   pause between check and write) are counted with how many the fence refused;
 //! - release: no acquire re-entered a hold its owner had let go of (an orphaned hold);
 //! - liveness: no operation stalled with no fault nearby, none was still waiting at the stop;
 //! - cleanup: after the clients stopped, no subscription, no registered waiter or hold, no key
