@@ -1,13 +1,15 @@
 //! The checker: reads a run's history (client event logs, the store's write log, the faults,
 //! what was left in Redis) and counts violations.
 //!
-//! Soundness rests on three facts:
+//! Soundness rests on these facts:
 //! - every timestamp comes from one clock (`CLOCK_MONOTONIC`, system-wide), so times taken by
 //!   different processes compare without skew;
 //! - a belief sample's time is read *before* `is_held()`, and `is_held()` only goes from true to
 //!   false, so a true sample at `t` proves the holder believed from its grant through `t` even if
 //!   the process was paused in between;
-//! - the store reads its time under its write lock, so store times order writes exactly.
+//! - the store reads its time under its write lock, so store times order writes exactly;
+//! - an acquire's script ran after its `Begin` and before its `Granted` was taken; a release's
+//!   script ran after the op's last record before the call and before its `Released`.
 //!
 //! The history can only under-report beliefs (samples are sparse), never over-report, so every
 //! counted overlap happened.
@@ -22,6 +24,53 @@
 //! asked again and re-entered the hold (ownership is the acquiring task). Only nested re-entry
 //! within one task may overlap. The data-loss allowance of the overlap check applies to both,
 //! and so does its soundness: both sections are proven by true belief samples.
+//!
+//! # Waiters left waiting on a free lock
+//!
+//! A waiting call (`lock()`, `try_lock_for()` and their lease variants) must get a lock within
+//! [`FREE_LOCK_BOUND_US`] (the 25 ms turn grace + 200 ms) of its becoming free ([`FREE_LOCK`]).
+//! "Free" means no hold in Redis; a turn reservation counts as free, since it only makes the
+//! other clients wait out the grace. The rule has three parts.
+//!
+//! 1. *Proven free.* Only two things prove a lock free at an instant: an `unlock()` that
+//!    returned Ok for a first hold while no other op of its task was under way on the lock
+//!    (then its script deleted the lock, which held no other owner's field), from the moment
+//!    the call returned; and an explicit lease that certainly ran out (grant + lease, nothing
+//!    renews it). A dropped guard (released in the background), an unlock that failed,
+//!    `run_once` (its `unlock_after` tail holds the lock for nobody, and it hides release
+//!    errors), watched holds of killed or paused clients and Redis restarts prove nothing: the
+//!    history does not say when those holds ended.
+//! 2. *Stays free until* the first hold that can have begun: a grant recorded between the
+//!    proof's lower end and the free instant cancels it; after it, a grant whose acquire began
+//!    later ends it at that begin (a `try_lock()` takes a free, unreserved lock ahead of the
+//!    waiters), a grant whose acquire began earlier ends it at its recorded grant, and an
+//!    acquire whose outcome the history cannot date ends it where it may have been granted:
+//!    one that failed, one cut short by SIGKILL, any call while a fault that can delay or lose
+//!    replies hit its client ([`hidden_grants`]). A waiter's own grant ends its wait, not the
+//!    stretch it waited in.
+//! 3. *Deadline.* The bound runs from the free instant (or the waiter's begin, if later). A
+//!    fault on the waiter's client, or on every client, in effect in that time moves it to the
+//!    bound after the fault's recovery: about 1.5 s after connections cut at one instant, up to
+//!    4 s after a long outage ([`free_lock_recovery_us`] says why). Faults on other clients
+//!    move no deadline (their hidden grants count in 2): a partitioned, paused or killed
+//!    client whose turn it is loses it after the grace, and a killed holder's hold ends by its
+//!    lease (or proves nothing).
+//!
+//! A waiter under way in the free stretch whose call had not returned by the deadline, while
+//! the stretch lasted past it, is counted (once).
+//!
+//! Why each counted waiter happened: the lock was free at the start (the proofs rest on what
+//! the scripts do and on the order facts above), nobody could have taken it before the
+//! deadline except by a grant the history would show, and the waiter's call was still under
+//! way. That last step dates a waiter's grant by when it was recorded, and orders the first
+//! hold after the free instant by the recorded grants, which assumes that away from faults a
+//! reply reaches its caller well within the 200 ms of the bound. A process starved of the CPU
+//! for that long with no fault injected would break it, and would still be a waiter whose call
+//! did not return within the bound of the lock becoming free.
+//!
+//! The 15 s stall check ([`STUCK`]) stays: it covers what this rule cannot prove, stalls on a
+//! lock not provably free (a hold kept alive for ever, a key without a TTL) and waiters still
+//! waiting at the stop.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -35,6 +84,7 @@ use crate::history::{
 use crate::orchestrator::{Cleanup, RunConfig};
 use crate::store::{Accepted, Refused, Store};
 use crate::worker::MAX_EXPLICIT_LEASE;
+use leasehold_core::commands::TURN_GRACE;
 
 /// A wait may stall this long without any fault to explain it (contention alone: a few
 /// seconds at most with these hold times) before it counts as a waiter that never progressed.
@@ -43,6 +93,55 @@ pub const STALL_BOUND_US: i64 = 15_000_000;
 /// holder's lock lives until its lease runs out, reconnects back off up to 2 s.
 fn recovery_us(config: &RunConfig) -> i64 {
     2 * config.lease.max(MAX_EXPLICIT_LEASE).as_micros() as i64 + 2_000_000
+}
+
+/// A waiter must have a free lock within this long when no fault is near: the turn grace (the
+/// release may reserve the lock for another client's turn; the other clients try once it has
+/// passed) plus 200 ms for the wake-up message, one try and the scheduling of the processes.
+pub const FREE_LOCK_BOUND_US: i64 = TURN_GRACE.as_micros() as i64 + 200_000;
+/// fred's first reconnect delay under the library's default policy, which the chaos clients
+/// keep (50 ms doubling to 2 s, plus up to 100 ms of jitter).
+const FIRST_RECONNECT_DELAY_US: i64 = 150_000;
+/// fred's longest reconnect delay under that policy.
+const MAX_RECONNECT_DELAY_US: i64 = 2_000_000;
+/// A waiter's first backoff after a transient error (doubling up to the longest; an answer
+/// resets it).
+const MIN_WAIT_BACKOFF_US: i64 = 10_000;
+/// A waiter's longest backoff after transient errors.
+const MAX_WAIT_BACKOFF_US: i64 = 1_000_000;
+/// How long after a fault healed a command sent during it may still reach Redis: the proxy
+/// holds a chunk for at most its latency (400 ms at most in the orchestrator's faults).
+const LATE_DELIVERY_US: i64 = 500_000;
+/// Redis expires keys on its own millisecond clock: a key can outlive `set + ttl` on ours by
+/// the rounding, and by any slew between the two clocks over a lease.
+const EXPIRY_SLACK_US: i64 = 5_000;
+
+/// After `fault` healed, how long a waiter of a client it hit may still miss a free lock:
+/// - its connection may come back only after a pending reconnect delay (a release published
+///   meanwhile is lost to it; the reconnect then wakes every waiter). Delays double only while
+///   attempts fail, so the pending one is at most about twice the outage, from the first
+///   delay up to the longest;
+/// - it may be in a backoff after transient errors, which also doubles only while tries fail
+///   (during the outage and the reconnect), up to the longest;
+/// - a try sent just before the heal may run into the command timeout;
+/// - a message or reply the proxy still held may arrive up to [`LATE_DELIVERY_US`] late.
+///
+/// So about 1.5 s after a fault that cut connections at one instant while Redis stayed
+/// reachable, and 4 s after a long one (500 ms command timeout).
+fn free_lock_recovery_us(fault: &Fault, config: &RunConfig) -> i64 {
+    let outage = fault.end - fault.start;
+    let reconnect = MAX_RECONNECT_DELAY_US.min(2 * outage + FIRST_RECONNECT_DELAY_US);
+    let backoff = MAX_WAIT_BACKOFF_US.min(2 * (outage + reconnect) + MIN_WAIT_BACKOFF_US);
+    reconnect + backoff + config.command_timeout.as_micros() as i64 + LATE_DELIVERY_US
+}
+
+/// Whether `fault` hit client `client` generation `gen`: faults on one client hit only it,
+/// the others (Redis, every connection) hit everyone.
+fn hits(fault: &Fault, client: u32, gen: u32) -> bool {
+    match fault.client {
+        None => true,
+        Some(c) => c == client && fault.gen.is_none_or(|g| g == gen),
+    }
 }
 
 /// Reads `dir` and checks it.
@@ -97,7 +196,8 @@ struct Op {
     checks: Vec<(i64, bool)>,
     writes: Vec<(i64, u64, bool)>,
     released: Option<(i64, ReleaseHow, String)>,
-    abandoned: bool,
+    /// When the op was recorded as still running at the drain deadline.
+    abandoned: Option<i64>,
     /// When the guard was handed to another task, and that task's number.
     handoff: Option<(i64, u32)>,
 }
@@ -123,6 +223,30 @@ impl Op {
             Some((at, to_task)) if t >= at => (client, gen, to_task),
             _ => (client, gen, self.task),
         }
+    }
+
+    /// When the acquire call returned, or for a waiter still waiting at the drain deadline,
+    /// when it was given up; `None` when its process was killed first.
+    fn call_end(&self) -> Option<i64> {
+        self.ended.or(self.abandoned)
+    }
+
+    /// When the op was over: released (holds), or its call ended (the rest); `None` while it
+    /// may still have been going on (a hold never released, a process killed).
+    fn over_at(&self) -> Option<i64> {
+        match &self.granted {
+            Some(_) => self.released.as_ref().map(|(t, _, _)| *t),
+            None => self.call_end(),
+        }
+    }
+
+    /// The last instant recorded for the hold before its release call went out.
+    fn last_before_release(&self) -> Option<i64> {
+        let grant = self.granted.as_ref()?;
+        let checks = self.checks.iter().map(|(t, _)| *t);
+        let writes = self.writes.iter().map(|(t, _, _)| *t);
+        let handoff = self.handoff.iter().map(|(t, _)| *t);
+        Some(checks.chain(writes).chain(handoff).fold(grant.t, i64::max))
     }
 
     fn finished_at(&self) -> Option<i64> {
@@ -214,6 +338,7 @@ pub const LATE_WRITES: &str = "exclusion: writes landing after the writer's leas
 pub const ORPHANED: &str =
     "release: acquires that re-entered a hold their owner had let go of (unlock left it held)";
 pub const STUCK: &str = "liveness: waiters that never progressed after faults healed";
+pub const FREE_LOCK: &str = "liveness: waiters left waiting on a free lock past the bound";
 pub const KEYS_LEFT: &str =
     "cleanup: keys left after every TTL ran out (the fencing counter excluded)";
 pub const KEYS_NO_TTL: &str = "cleanup: keys without a TTL (the fencing counter excluded)";
@@ -282,7 +407,7 @@ pub fn analyze(
                         checks: Vec::new(),
                         writes: Vec::new(),
                         released: None,
-                        abandoned: false,
+                        abandoned: None,
                         handoff: None,
                     },
                 );
@@ -319,7 +444,7 @@ pub fn analyze(
                 Event::Released {
                     t, how, outcome, ..
                 } => entry.released = Some((*t, *how, outcome.clone())),
-                Event::Abandoned { .. } => entry.abandoned = true,
+                Event::Abandoned { t, .. } => entry.abandoned = Some(*t),
                 Event::Handoff { t, to_task, .. } => entry.handoff = Some((*t, *to_task)),
                 Event::Begin { .. } | Event::Start { .. } | Event::Drained { .. } => {}
             }
@@ -351,6 +476,7 @@ pub fn analyze(
     fence_checks(&mut report, &ops, accepted, &restart_within);
     exclusion_checks(&mut report, &ops, faults, &last_restart_within);
     liveness_check(&mut report, config, &ops, faults, &drained);
+    free_lock_check(&mut report, config, &ops, faults);
     orphan_check(&mut report, config, &ops);
 
     report.checks.push(CheckLine {
@@ -842,7 +968,7 @@ fn liveness_check(
         let (client, gen, _) = op.key;
         let end = match op.finished_at() {
             Some(end) => end,
-            None if op.abandoned => {
+            None if op.abandoned.is_some() => {
                 stuck += 1;
                 report.samples.push(format!(
                     "still waiting at the drain deadline: {}",
@@ -893,6 +1019,338 @@ fn liveness_check(
             "longest operation stretch without a fault nearby: {} ms (bound {} ms)",
             longest_unexplained / 1000,
             STALL_BOUND_US / 1000
+        ),
+    });
+}
+
+/// An instant from which a lock was certainly free: no hold in Redis, at most a turn
+/// reservation (which only delays the other clients by the grace).
+struct FreeFrom<'a> {
+    /// The lock was free at `at`, and stays free until a hold can have begun after it.
+    at: i64,
+    /// The lock became free at some instant in [since, at], so a hold that began after that
+    /// instant was granted by a script that ran after `since`.
+    since: i64,
+    /// The op whose release or lease end proves it.
+    op: &'a Op,
+    how: FreedBy,
+}
+
+/// What proves a lock free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FreedBy {
+    /// A clean `unlock()` of the owner's only hold ([`freed_by_unlock`]).
+    Unlock,
+    /// An explicit lease that ran out ([`lease_ran_out`]).
+    LeaseEnd,
+}
+
+impl FreedBy {
+    fn name(self) -> &'static str {
+        match self {
+            FreedBy::Unlock => "unlock",
+            FreedBy::LeaseEnd => "lease end",
+        }
+    }
+}
+
+/// One lock's ops, seen from the free-lock rule.
+struct LockOps<'a> {
+    ops: Vec<&'a Op>,
+    /// For each op, when its acquire may have taken the lock without the history showing when
+    /// (see [`hidden_grants`]).
+    hidden: Vec<Vec<(i64, i64)>>,
+}
+
+/// When `op`'s acquire may have taken the lock without a `Granted` event dating it, as windows
+/// in which such a hold may have begun (when it ends does not matter here):
+/// - an acquire that failed: its script may have run, and its rollback runs in the background;
+/// - one cut short by SIGKILL (`killed`: when its process was gone): until then;
+/// - any call while a fault that can delay or lose a command's reply hit its client (or every
+///   client): a try whose reply was lost or late and was then rolled back, or a grant whose
+///   reply was held up. Such a try ran at most [`LATE_DELIVERY_US`] before the fault began
+///   (replies take far less without one) and at most that long after a command sent by the
+///   end of the fault (or of the call). Killing the subscriber connections loses no reply.
+fn hidden_grants(op: &Op, faults: &[Fault], killed: Option<i64>) -> Vec<(i64, i64)> {
+    let (client, gen, _) = op.key;
+    let mut windows = Vec::new();
+    let end = match (op.call_end(), killed) {
+        (Some(end), _) => end,
+        (None, Some(killed)) => killed,
+        (None, None) => i64::MAX - 2 * LATE_DELIVERY_US,
+    };
+    if op.failed.is_some() || op.call_end().is_none() {
+        windows.push((op.begin, end + LATE_DELIVERY_US));
+    }
+    for fault in faults {
+        if fault.kind == FaultKind::KillPubsubConnections || !hits(fault, client, gen) {
+            continue;
+        }
+        let from = op.begin.max(fault.start - LATE_DELIVERY_US);
+        let to = end.min(fault.end + LATE_DELIVERY_US) + LATE_DELIVERY_US;
+        if from <= end && fault.end + LATE_DELIVERY_US >= op.begin {
+            windows.push((from, to));
+        }
+    }
+    windows
+}
+
+/// Whether another op of `op`'s task (the same owner id) was under way on the same lock at
+/// some point of [from, to]: a re-entry, an orphaned hold or a hand-off section could then
+/// keep the lock held past `op`'s release.
+fn task_busy(op: &Op, same_task: &[&Op], from: i64, to: i64) -> bool {
+    same_task.iter().any(|o| {
+        !std::ptr::eq(*o, op) && o.begin <= to && o.over_at().is_none_or(|end| end >= from)
+    })
+}
+
+/// `guard.unlock()` returned Ok for a first hold (`hold_count == 1`: no hold of anyone else at
+/// the grant) while no other op of its task was under way on the lock: the release script then
+/// took the owner's only hold and deleted the lock (or left a turn reservation), after the op's
+/// last record before the call and before the call returned. A dropped guard (released in the
+/// background, when is unknown), a failed unlock and `run_once` (which may hand the lock to
+/// nobody until its `hold_at_least` tail runs out, and hides release errors) prove nothing.
+fn freed_by_unlock<'a>(op: &'a Op, same_task: &[&Op]) -> Option<FreeFrom<'a>> {
+    let (at, how, outcome) = op.released.as_ref()?;
+    let clean = *how == ReleaseHow::Unlock && outcome == "ok";
+    if !clean || op.granted.as_ref()?.hold_count != 1 || task_busy(op, same_task, op.begin, *at) {
+        return None;
+    }
+    Some(FreeFrom {
+        at: *at,
+        since: op.last_before_release()?,
+        op,
+        how: FreedBy::Unlock,
+    })
+}
+
+/// An explicit lease that certainly ran out: the acquire script set the key to expire a lease
+/// after it ran (no later than the grant was recorded), nothing renews an explicit lease, and
+/// only a re-entry of the same owner could raise it (so: a first hold, and no other op of its
+/// task under way). The hold is gone by `at` however it ended (a killed or paused client
+/// included). At the grant nobody else held the lock; a later hold is granted after this one
+/// ended, so after its grant was recorded (`since`) — unless the grant's reply came later than
+/// its lease, or Redis lost its data in between, which needs a fault: an op with `hidden`
+/// grants proves nothing. Nor does `run_once`, which reports no hold count (it may have
+/// re-entered an orphaned hold of its task, which may outlive the lease).
+fn lease_ran_out<'a>(op: &'a Op, same_task: &[&Op], hidden: &[(i64, i64)]) -> Option<FreeFrom<'a>> {
+    let grant = op.granted.as_ref()?;
+    let guard_with_lease = op.kind.explicit_lease() && op.kind != Kind::RunOnce;
+    if !guard_with_lease || grant.hold_count != 1 || !hidden.is_empty() {
+        return None;
+    }
+    let at = grant.t + op.lease + EXPIRY_SLACK_US;
+    if task_busy(op, same_task, op.begin, at) {
+        return None;
+    }
+    Some(FreeFrom {
+        at,
+        since: grant.t,
+        op,
+        how: FreedBy::LeaseEnd,
+    })
+}
+
+/// How long a lock stays certainly free after a proof: until the first hold that can have
+/// begun. A grant whose acquire began after the free instant may have taken the lock as early
+/// as that begin (a `try_lock()` takes a free, unreserved lock ahead of the waiters); a waiter
+/// that began before is dated by its recorded grant, since the first hold granted after the
+/// lock came free is the first whose grant is recorded (every later one needs that hold
+/// released, which its holder does after recording its grant). A hidden grant (see
+/// [`hidden_grants`]) may have begun anywhere in its window.
+struct FreeStretch<'a> {
+    /// The earliest a hidden grant may have begun (`i64::MAX`: none may have).
+    hidden: i64,
+    /// The two earliest instants a recorded grant may have begun at, with their ops.
+    grants: [(i64, Option<&'a Op>); 2],
+}
+
+impl FreeStretch<'_> {
+    /// Until when the lock stayed free for `waiter`: its own grant ends its wait, not the free
+    /// stretch it waited in.
+    fn until_for(&self, waiter: &Op) -> i64 {
+        let grant = match self.grants {
+            [(_, Some(first)), (second, _)] if std::ptr::eq(first, waiter) => second,
+            [(first, _), _] => first,
+        };
+        grant.min(self.hidden)
+    }
+}
+
+/// The stretch for which `free` keeps a lock free, or `None` if a grant recorded in [since, at]
+/// may have taken the lock before `at` already.
+fn free_stretch<'a>(free: &FreeFrom<'_>, lock: &LockOps<'a>) -> Option<FreeStretch<'a>> {
+    let mut stretch = FreeStretch {
+        hidden: i64::MAX,
+        grants: [(i64::MAX, None); 2],
+    };
+    for (op, hidden) in lock.ops.iter().zip(&lock.hidden) {
+        if std::ptr::eq(*op, free.op) {
+            continue;
+        }
+        if let Some(grant) = op.granted.as_ref().filter(|g| g.t >= free.since) {
+            if grant.t <= free.at {
+                return None;
+            }
+            let from = if op.begin >= free.at {
+                op.begin
+            } else {
+                grant.t
+            };
+            if from < stretch.grants[1].0 {
+                stretch.grants[1] = (from, Some(*op));
+                stretch.grants.sort_by_key(|(t, _)| *t);
+            }
+        }
+        for &(from, to) in hidden {
+            if to >= free.since {
+                stretch.hidden = stretch.hidden.min(from.max(free.at));
+            }
+        }
+    }
+    Some(stretch)
+}
+
+/// When a waiter of `client`/`gen` on a lock free from `from` must have it: the bound after
+/// `from`, or, when a fault on its client or on every client is in effect in that time (from
+/// its start until its recovery, see [`free_lock_recovery_us`], has passed), the bound after
+/// that recovery. Also whether no fault came into it (the strict bound). `faults` are sorted
+/// by start.
+fn wait_deadline(
+    from: i64,
+    (client, gen): (u32, u32),
+    faults: &[Fault],
+    config: &RunConfig,
+) -> (i64, bool) {
+    let mut deadline = from + FREE_LOCK_BOUND_US;
+    let mut strict = true;
+    for fault in faults.iter().filter(|f| hits(f, client, gen)) {
+        if fault.start > deadline {
+            break;
+        }
+        let recovered = fault.end + free_lock_recovery_us(fault, config);
+        if recovered >= from {
+            deadline = deadline.max(recovered + FREE_LOCK_BOUND_US);
+            strict = false;
+        }
+    }
+    (deadline, strict)
+}
+
+/// Waiters left waiting on a free lock: for every instant the history proves a lock free
+/// ([`freed_by_unlock`], [`lease_ran_out`]) and the stretch it stays certainly free
+/// ([`free_stretch`]), every waiting call that was under way then and had not returned by the
+/// deadline ([`wait_deadline`]) while the lock was still free is a violation.
+fn free_lock_check(
+    report: &mut Report,
+    config: &RunConfig,
+    ops: &BTreeMap<OpKey, Op>,
+    faults: &[Fault],
+) {
+    let mut faults = faults.to_vec();
+    faults.sort_by_key(|f| f.start);
+    let longest_recovery = faults
+        .iter()
+        .map(|f| free_lock_recovery_us(f, config))
+        .max()
+        .unwrap_or(0);
+    // When a killed process was certainly gone: the kill fault ended after the SIGKILL.
+    let killed: HashMap<(u32, u32), i64> = faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::ClientKill)
+        .filter_map(|f| Some(((f.client?, f.gen?), f.end)))
+        .collect();
+    let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
+    let mut by_task: HashMap<(u32, u32, u32, u32), Vec<&Op>> = HashMap::new();
+    for op in ops.values() {
+        let (client, gen, _) = op.key;
+        by_res.entry(op.res).or_default().push(op);
+        by_task
+            .entry((client, gen, op.task, op.res))
+            .or_default()
+            .push(op);
+    }
+    let (mut by_unlock, mut by_lease) = (0, 0);
+    let (mut strict_checks, mut fault_checks, mut longest_strict) = (0, 0, 0);
+    let mut stuck: HashSet<OpKey> = HashSet::new();
+    for lock_ops in by_res.into_values() {
+        let hidden = lock_ops
+            .iter()
+            .map(|op| {
+                let (client, gen, _) = op.key;
+                hidden_grants(op, &faults, killed.get(&(client, gen)).copied())
+            })
+            .collect();
+        let lock = LockOps {
+            ops: lock_ops,
+            hidden,
+        };
+        for (op, hidden) in lock.ops.iter().zip(&lock.hidden) {
+            let (client, gen, _) = op.key;
+            let same_task = &by_task[&(client, gen, op.task, op.res)];
+            let proofs = [
+                freed_by_unlock(op, same_task),
+                lease_ran_out(op, same_task, hidden),
+            ];
+            for free in proofs.into_iter().flatten() {
+                let Some(stretch) = free_stretch(&free, &lock).filter(|s| s.hidden > free.at)
+                else {
+                    continue;
+                };
+                match free.how {
+                    FreedBy::Unlock => by_unlock += 1,
+                    FreedBy::LeaseEnd => by_lease += 1,
+                }
+                for waiter in lock.ops.iter().filter(|w| w.kind.waits()) {
+                    let Some(end) = waiter.call_end() else {
+                        continue;
+                    };
+                    let from = free.at.max(waiter.begin);
+                    let until = stretch.until_for(waiter);
+                    if from >= until || end <= from || stuck.contains(&waiter.key) {
+                        continue;
+                    }
+                    let (client, gen, _) = waiter.key;
+                    let (deadline, strict) = wait_deadline(from, (client, gen), &faults, config);
+                    if strict {
+                        strict_checks += 1;
+                        longest_strict = longest_strict.max(end.min(until) - from);
+                    } else {
+                        fault_checks += 1;
+                    }
+                    if until > deadline && end > deadline {
+                        stuck.insert(waiter.key);
+                        let taken = match until {
+                            i64::MAX => "nobody took it".to_string(),
+                            _ => format!("nobody took it for {} ms", (until - from) / 1000),
+                        };
+                        report.samples.push(format!(
+                            "waited {} ms on a free lock (free after the {} of {}; {taken}; \
+                             bound {} ms{}): {}",
+                            (end - from) / 1000,
+                            free.how.name(),
+                            free.op.describe(),
+                            (deadline - from) / 1000,
+                            if strict { "" } else { ", a fault near" },
+                            waiter.describe()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    report.checks.push(CheckLine {
+        name: FREE_LOCK,
+        count: stuck.len(),
+        must_be_zero: true,
+        note: format!(
+            "locks proven free {} times ({by_unlock} after an unlock, {by_lease} after a lease \
+             ran out); waits on them checked: {strict_checks} against {} ms, {fault_checks} \
+             with a fault's recovery (up to {} ms) added; longest with no fault near: {} ms",
+            by_unlock + by_lease,
+            FREE_LOCK_BOUND_US / 1000,
+            longest_recovery / 1000,
+            longest_strict / 1000
         ),
     });
 }
@@ -1308,12 +1766,176 @@ mod tests {
         assert_eq!(run(&h, &[], &[]).count(ORPHANED), 0);
     }
 
+    /// A `lock()` on res-0 that begins at `begin` and is granted (a first hold of `owner`) at
+    /// `granted`, then released at once.
+    fn waiter(op: u64, owner: &str, token: u64, begin: i64, granted: i64) -> Vec<Event> {
+        hold(
+            op,
+            owner,
+            token,
+            begin,
+            granted,
+            granted,
+            None,
+            granted + 1_000,
+        )
+    }
+
     fn set_hold_count(events: &mut [Event], count: u64) {
         for event in events {
             if let Event::Granted { hold_count, .. } = event {
                 *hold_count = count;
             }
         }
+    }
+
+    fn fault(kind: FaultKind, client: Option<u32>, start: i64, end: i64) -> Fault {
+        Fault {
+            kind,
+            client,
+            gen: client.map(|_| 0),
+            start,
+            end,
+            detail: String::new(),
+        }
+    }
+
+    /// a unlocks at 1 ms; b, waiting since 0.5 ms, gets the lock at `b_granted`.
+    fn release_then_wait(b_granted: i64) -> Vec<ClientHistory> {
+        vec![
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1_000)),
+            history(1, waiter(1, "b", 11, 500, b_granted)),
+        ]
+    }
+
+    #[test]
+    fn a_waiter_left_on_a_free_lock_fails() {
+        let report = run(&release_then_wait(601_000), &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 1, "{report}");
+        assert!(!report.passed());
+        // Giving up after waiting that long on the free lock fails just the same.
+        let gave_up = vec![
+            Event::Begin {
+                t: 500,
+                op: 1,
+                task: 0,
+                kind: Kind::TryLockFor,
+                res: 0,
+                lease_ms: None,
+            },
+            Event::NotGranted { t: 601_000, op: 1 },
+        ];
+        let h = [
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1_000)),
+            history(1, gave_up),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(FREE_LOCK), 1);
+        // So does one that began on the free lock (its own grant ends its wait, not the free
+        // stretch): a release reserving a turn for a client that crashed in the queue.
+        let h = [
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1_000)),
+            history(1, waiter(1, "b", 11, 2_000, 1_002_000)),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(FREE_LOCK), 1);
+    }
+
+    #[test]
+    fn a_waiter_woken_within_the_bound_passes() {
+        let h = release_then_wait(1_000 + FREE_LOCK_BOUND_US - 1_000);
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 0, "{report}");
+        assert!(report.passed());
+    }
+
+    #[test]
+    fn a_fault_near_lengthens_the_bound() {
+        let h = release_then_wait(601_000);
+        // Every subscriber connection killed just before the release: the wake-up may be lost,
+        // and the bound runs from the reconnect.
+        let pubsub = fault(FaultKind::KillPubsubConnections, None, 900, 900);
+        assert_eq!(
+            run(&h, std::slice::from_ref(&pubsub), &[]).count(FREE_LOCK),
+            0
+        );
+        // The waiter's client partitioned until 0.4 s: its tries may have been granted unseen
+        // (then rolled back), so the lock is not even known free.
+        let partition = fault(FaultKind::ProxyPartition, Some(1), 0, 400_000);
+        assert_eq!(run(&h, &[partition], &[]).count(FREE_LOCK), 0);
+        // A fault on another client explains nothing, nor one long healed.
+        let elsewhere = fault(FaultKind::ProxyPartition, Some(2), 0, 400_000);
+        assert_eq!(run(&h, &[elsewhere], &[]).count(FREE_LOCK), 1);
+        let long_ago = fault(
+            FaultKind::KillPubsubConnections,
+            None,
+            -9_000_000,
+            -9_000_000,
+        );
+        assert_eq!(run(&h, &[long_ago], &[]).count(FREE_LOCK), 1);
+        // Slower than even the longer bound still fails.
+        let h = release_then_wait(9_000_000);
+        assert_eq!(run(&h, &[pubsub], &[]).count(FREE_LOCK), 1);
+    }
+
+    #[test]
+    fn a_try_lock_that_takes_the_free_lock_ends_it() {
+        // c's try_lock takes the lock 50 ms after a let it go, ahead of the waiting b, and holds
+        // it (dropping its guard: no proof of when it ended) until just before b gets it.
+        let mut c = hold(1, "c", 12, 50_000, 50_500, 500_000, None, 600_000);
+        if let Event::Begin { kind, .. } = &mut c[0] {
+            *kind = Kind::TryLock;
+        }
+        if let Some(Event::Released { how, .. }) = c.last_mut() {
+            *how = ReleaseHow::Drop;
+        }
+        let mut h = release_then_wait(601_000);
+        h.push(history(2, c));
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 0, "{report}");
+    }
+
+    #[test]
+    fn an_explicit_lease_that_ran_out_frees_the_lock() {
+        // a's 300 ms lease: its guard dropped at 250 µs (released in the background, when is
+        // unknown), but the lock is free by 100 µs + 300 ms at the latest.
+        let mut a = hold(1, "a", 10, 0, 100, 200, None, 250);
+        if let Event::Begin { kind, lease_ms, .. } = &mut a[0] {
+            (*kind, *lease_ms) = (Kind::LockWithLease, Some(300));
+        }
+        if let Some(Event::Released { how, .. }) = a.last_mut() {
+            *how = ReleaseHow::Drop;
+        }
+        let waited = |granted| {
+            [
+                history(0, a.clone()),
+                history(1, waiter(1, "b", 11, 150, granted)),
+            ]
+        };
+        assert_eq!(run(&waited(900_000), &[], &[]).count(FREE_LOCK), 1);
+        assert_eq!(run(&waited(400_000), &[], &[]).count(FREE_LOCK), 0);
+    }
+
+    #[test]
+    fn releasing_a_hold_its_task_reentered_proves_nothing() {
+        // Op 1 is handed off; its task re-enters (op 2, hold count 2) and keeps the lock until
+        // 1.5 s, so the section's unlock at 1 ms left the lock held and b waits rightly.
+        let mut handed = hold(1, "a", 10, 0, 100, 900, None, 1_000);
+        handed.insert(
+            2,
+            Event::Handoff {
+                t: 150,
+                op: 1,
+                to_task: 7,
+            },
+        );
+        let mut reentered = hold(2, "a", 10, 200, 210, 700, None, 1_500_000);
+        set_hold_count(&mut reentered, 2);
+        let h = [
+            history(0, [handed, reentered].concat()),
+            history(1, waiter(1, "b", 11, 500, 1_501_000)),
+        ];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 0, "{report}");
+        assert_eq!(report.count(OVERLAP_TWO_TASKS), 1, "{report}");
     }
 
     #[test]
