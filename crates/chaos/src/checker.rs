@@ -1237,6 +1237,135 @@ fn wait_deadline(
     (deadline, strict)
 }
 
+/// One waiting call measured against one free stretch.
+struct Wait {
+    /// Since when it waited on the free lock: the free instant, or its begin if later.
+    from: i64,
+    /// Until when the lock stayed free for it ([`FreeStretch::until_for`]).
+    until: i64,
+    /// When its call returned (or it was given up at the drain deadline).
+    end: i64,
+    /// When it must have had the lock ([`wait_deadline`]).
+    deadline: i64,
+    /// Whether no fault moved the deadline.
+    strict: bool,
+}
+
+impl Wait {
+    /// `waiter` in the stretch `free` proves, if it was waiting on the lock while free.
+    fn new(
+        free: &FreeFrom<'_>,
+        stretch: &FreeStretch<'_>,
+        waiter: &Op,
+        faults: &[Fault],
+        config: &RunConfig,
+    ) -> Option<Wait> {
+        let end = waiter.call_end()?;
+        let from = free.at.max(waiter.begin);
+        let until = stretch.until_for(waiter);
+        if !waiter.kind.waits() || from >= until || end <= from {
+            return None;
+        }
+        let (client, gen, _) = waiter.key;
+        let (deadline, strict) = wait_deadline(from, (client, gen), faults, config);
+        Some(Wait {
+            from,
+            until,
+            end,
+            deadline,
+            strict,
+        })
+    }
+
+    /// The lock stayed free past the deadline, and the waiter was still waiting then.
+    fn left_waiting(&self) -> bool {
+        self.until > self.deadline && self.end > self.deadline
+    }
+
+    fn describe(&self, free: &FreeFrom<'_>, waiter: &Op) -> String {
+        let taken = match self.until {
+            i64::MAX => "nobody took it".to_string(),
+            until => format!("nobody took it for {} ms", (until - self.from) / 1000),
+        };
+        format!(
+            "waited {} ms on a free lock (free after the {} of {}; {taken}; bound {} ms{}): {}",
+            (self.end - self.from) / 1000,
+            free.how.name(),
+            free.op.describe(),
+            (self.deadline - self.from) / 1000,
+            if self.strict { "" } else { ", a fault near" },
+            waiter.describe()
+        )
+    }
+}
+
+/// What the free-lock rule saw, for the report's note.
+#[derive(Default)]
+struct FreeLockStats {
+    by_unlock: usize,
+    by_lease: usize,
+    strict_checks: usize,
+    fault_checks: usize,
+    longest_strict: i64,
+}
+
+impl FreeLockStats {
+    fn proof(&mut self, how: FreedBy) {
+        match how {
+            FreedBy::Unlock => self.by_unlock += 1,
+            FreedBy::LeaseEnd => self.by_lease += 1,
+        }
+    }
+
+    fn wait(&mut self, wait: &Wait) {
+        if wait.strict {
+            self.strict_checks += 1;
+            self.longest_strict = self
+                .longest_strict
+                .max(wait.end.min(wait.until) - wait.from);
+        } else {
+            self.fault_checks += 1;
+        }
+    }
+}
+
+/// The ops of each (client, generation, acquiring task, lock): one owner id's ops on one lock.
+type TaskOps<'a> = HashMap<(u32, u32, u32, u32), Vec<&'a Op>>;
+
+/// Each lock's ops with their hidden grants, and each task's ops per lock.
+fn lock_ops<'a>(ops: &'a BTreeMap<OpKey, Op>, faults: &[Fault]) -> (Vec<LockOps<'a>>, TaskOps<'a>) {
+    // When a killed process was certainly gone: the kill fault ended after the SIGKILL.
+    let killed: HashMap<(u32, u32), i64> = faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::ClientKill)
+        .filter_map(|f| Some(((f.client?, f.gen?), f.end)))
+        .collect();
+    let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
+    let mut by_task: TaskOps<'a> = HashMap::new();
+    for op in ops.values() {
+        let (client, gen, _) = op.key;
+        by_res.entry(op.res).or_default().push(op);
+        by_task
+            .entry((client, gen, op.task, op.res))
+            .or_default()
+            .push(op);
+    }
+    let locks = by_res
+        .into_values()
+        .map(|ops| {
+            let hidden = ops
+                .iter()
+                .map(|op| {
+                    let (client, gen, _) = op.key;
+                    hidden_grants(op, faults, killed.get(&(client, gen)).copied())
+                })
+                .collect();
+            LockOps { ops, hidden }
+        })
+        .collect();
+    (locks, by_task)
+}
+
 /// Waiters left waiting on a free lock: for every instant the history proves a lock free
 /// ([`freed_by_unlock`], [`lease_ran_out`]) and the stretch it stays certainly free
 /// ([`free_stretch`]), every waiting call that was under way then and had not returned by the
@@ -1249,42 +1378,10 @@ fn free_lock_check(
 ) {
     let mut faults = faults.to_vec();
     faults.sort_by_key(|f| f.start);
-    let longest_recovery = faults
-        .iter()
-        .map(|f| free_lock_recovery_us(f, config))
-        .max()
-        .unwrap_or(0);
-    // When a killed process was certainly gone: the kill fault ended after the SIGKILL.
-    let killed: HashMap<(u32, u32), i64> = faults
-        .iter()
-        .filter(|f| f.kind == FaultKind::ClientKill)
-        .filter_map(|f| Some(((f.client?, f.gen?), f.end)))
-        .collect();
-    let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
-    let mut by_task: HashMap<(u32, u32, u32, u32), Vec<&Op>> = HashMap::new();
-    for op in ops.values() {
-        let (client, gen, _) = op.key;
-        by_res.entry(op.res).or_default().push(op);
-        by_task
-            .entry((client, gen, op.task, op.res))
-            .or_default()
-            .push(op);
-    }
-    let (mut by_unlock, mut by_lease) = (0, 0);
-    let (mut strict_checks, mut fault_checks, mut longest_strict) = (0, 0, 0);
+    let (locks, by_task) = lock_ops(ops, &faults);
+    let mut stats = FreeLockStats::default();
     let mut stuck: HashSet<OpKey> = HashSet::new();
-    for lock_ops in by_res.into_values() {
-        let hidden = lock_ops
-            .iter()
-            .map(|op| {
-                let (client, gen, _) = op.key;
-                hidden_grants(op, &faults, killed.get(&(client, gen)).copied())
-            })
-            .collect();
-        let lock = LockOps {
-            ops: lock_ops,
-            hidden,
-        };
+    for lock in &locks {
         for (op, hidden) in lock.ops.iter().zip(&lock.hidden) {
             let (client, gen, _) = op.key;
             let same_task = &by_task[&(client, gen, op.task, op.res)];
@@ -1293,64 +1390,47 @@ fn free_lock_check(
                 lease_ran_out(op, same_task, hidden),
             ];
             for free in proofs.into_iter().flatten() {
-                let Some(stretch) = free_stretch(&free, &lock).filter(|s| s.hidden > free.at)
-                else {
+                let Some(stretch) = free_stretch(&free, lock).filter(|s| s.hidden > free.at) else {
                     continue;
                 };
-                match free.how {
-                    FreedBy::Unlock => by_unlock += 1,
-                    FreedBy::LeaseEnd => by_lease += 1,
-                }
-                for waiter in lock.ops.iter().filter(|w| w.kind.waits()) {
-                    let Some(end) = waiter.call_end() else {
+                stats.proof(free.how);
+                for waiter in &lock.ops {
+                    if stuck.contains(&waiter.key) {
+                        continue;
+                    }
+                    let Some(wait) = Wait::new(&free, &stretch, waiter, &faults, config) else {
                         continue;
                     };
-                    let from = free.at.max(waiter.begin);
-                    let until = stretch.until_for(waiter);
-                    if from >= until || end <= from || stuck.contains(&waiter.key) {
-                        continue;
-                    }
-                    let (client, gen, _) = waiter.key;
-                    let (deadline, strict) = wait_deadline(from, (client, gen), &faults, config);
-                    if strict {
-                        strict_checks += 1;
-                        longest_strict = longest_strict.max(end.min(until) - from);
-                    } else {
-                        fault_checks += 1;
-                    }
-                    if until > deadline && end > deadline {
+                    stats.wait(&wait);
+                    if wait.left_waiting() {
                         stuck.insert(waiter.key);
-                        let taken = match until {
-                            i64::MAX => "nobody took it".to_string(),
-                            _ => format!("nobody took it for {} ms", (until - from) / 1000),
-                        };
-                        report.samples.push(format!(
-                            "waited {} ms on a free lock (free after the {} of {}; {taken}; \
-                             bound {} ms{}): {}",
-                            (end - from) / 1000,
-                            free.how.name(),
-                            free.op.describe(),
-                            (deadline - from) / 1000,
-                            if strict { "" } else { ", a fault near" },
-                            waiter.describe()
-                        ));
+                        report.samples.push(wait.describe(&free, waiter));
                     }
                 }
             }
         }
     }
+    let longest_recovery = faults
+        .iter()
+        .map(|f| free_lock_recovery_us(f, config))
+        .max()
+        .unwrap_or(0);
     report.checks.push(CheckLine {
         name: FREE_LOCK,
         count: stuck.len(),
         must_be_zero: true,
         note: format!(
-            "locks proven free {} times ({by_unlock} after an unlock, {by_lease} after a lease \
-             ran out); waits on them checked: {strict_checks} against {} ms, {fault_checks} \
-             with a fault's recovery (up to {} ms) added; longest with no fault near: {} ms",
-            by_unlock + by_lease,
+            "locks proven free {} times ({} after an unlock, {} after a lease ran out); waits on \
+             them checked: {} against {} ms, {} with a fault's recovery (up to {} ms) added; \
+             longest with no fault near: {} ms",
+            stats.by_unlock + stats.by_lease,
+            stats.by_unlock,
+            stats.by_lease,
+            stats.strict_checks,
             FREE_LOCK_BOUND_US / 1000,
+            stats.fault_checks,
             longest_recovery / 1000,
-            longest_strict / 1000
+            stats.longest_strict / 1000
         ),
     });
 }
