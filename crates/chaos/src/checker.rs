@@ -1,16 +1,76 @@
 //! The checker: reads a run's history (client event logs, the store's write log, the faults,
 //! what was left in Redis) and counts violations.
 //!
-//! Soundness rests on three facts:
+//! Soundness rests on these facts:
 //! - every timestamp comes from one clock (`CLOCK_MONOTONIC`, system-wide), so times taken by
 //!   different processes compare without skew;
 //! - a belief sample's time is read *before* `is_held()`, and `is_held()` only goes from true to
 //!   false, so a true sample at `t` proves the holder believed from its grant through `t` even if
 //!   the process was paused in between;
-//! - the store reads its time under its write lock, so store times order writes exactly.
+//! - the store reads its time under its write lock, so store times order writes exactly;
+//! - an acquire's script ran after its `Begin` and before its `Granted` was taken; a release's
+//!   script ran after the op's last record before the call and before its `Released`.
 //!
 //! The history can only under-report beliefs (samples are sparse), never over-report, so every
-//! counted violation happened.
+//! counted overlap happened.
+//!
+//! # Two tasks in one critical section
+//!
+//! A critical section is identified by (client process, task), not by owner id: the task that
+//! acquired, or from a `Handoff` event on, the task the guard was handed to. Two beliefs on one
+//! lock that overlap are a violation when their owners differ ([`OVERLAP`]), and also under one
+//! owner id when at some instant of the overlap two different tasks ran them
+//! ([`OVERLAP_TWO_TASKS`]): a guard handed to a spawned task while the task that acquired it
+//! asked again and re-entered the hold (ownership is the acquiring task). Only nested re-entry
+//! within one task may overlap. The data-loss allowance of the overlap check applies to both,
+//! and so does its soundness: both sections are proven by true belief samples.
+//!
+//! # Waiters left waiting on a free lock
+//!
+//! A waiting call (`lock()`, `try_lock_for()` and their lease variants) must get a lock within
+//! [`FREE_LOCK_BOUND_US`] (the 25 ms turn grace + 200 ms) of its becoming free ([`FREE_LOCK`]).
+//! "Free" means no hold in Redis; a turn reservation counts as free, since it only makes the
+//! other clients wait out the grace. The rule has three parts.
+//!
+//! 1. *Proven free.* Only two things prove a lock free at an instant: an `unlock()` that
+//!    returned Ok for a first hold while no other op of its task was under way on the lock
+//!    (then its script deleted the lock, which held no other owner's field), from the moment
+//!    the call returned; and an explicit lease that certainly ran out (grant + lease, nothing
+//!    renews it). A dropped guard (released in the background), an unlock that failed,
+//!    `run_once` (its `unlock_after` tail holds the lock for nobody, and it hides release
+//!    errors), watched holds of killed or paused clients and Redis restarts prove nothing: the
+//!    history does not say when those holds ended.
+//! 2. *Stays free until* the first hold that can have begun: a grant recorded between the
+//!    proof's lower end and the free instant cancels it; after it, a grant whose acquire began
+//!    later ends it at that begin (a `try_lock()` takes a free, unreserved lock ahead of the
+//!    waiters), a grant whose acquire began earlier ends it at its recorded grant, and an
+//!    acquire whose outcome the history cannot date ends it where it may have been granted:
+//!    one that failed, one cut short by SIGKILL, any call while a fault that can delay or lose
+//!    replies hit its client ([`hidden_grants`]). A waiter's own grant ends its wait, not the
+//!    stretch it waited in.
+//! 3. *Deadline.* The bound runs from the free instant (or the waiter's begin, if later). A
+//!    fault on the waiter's client, or on every client, in effect in that time moves it to the
+//!    bound after the fault's recovery: about 1.5 s after connections cut at one instant, up to
+//!    4 s after a long outage ([`free_lock_recovery_us`] says why). Faults on other clients
+//!    move no deadline (their hidden grants count in 2): a partitioned, paused or killed
+//!    client whose turn it is loses it after the grace, and a killed holder's hold ends by its
+//!    lease (or proves nothing).
+//!
+//! A waiter under way in the free stretch whose call had not returned by the deadline, while
+//! the stretch lasted past it, is counted (once).
+//!
+//! Why each counted waiter happened: the lock was free at the start (the proofs rest on what
+//! the scripts do and on the order facts above), nobody could have taken it before the
+//! deadline except by a grant the history would show, and the waiter's call was still under
+//! way. That last step dates a waiter's grant by when it was recorded, and orders the first
+//! hold after the free instant by the recorded grants, which assumes that away from faults a
+//! reply reaches its caller well within the 200 ms of the bound. A process starved of the CPU
+//! for that long with no fault injected would break it, and would still be a waiter whose call
+//! did not return within the bound of the lock becoming free.
+//!
+//! The 15 s stall check ([`STUCK`]) stays: it covers what this rule cannot prove, stalls on a
+//! lock not provably free (a hold kept alive for ever, a key without a TTL) and waiters still
+//! waiting at the stop.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -24,6 +84,7 @@ use crate::history::{
 use crate::orchestrator::{Cleanup, RunConfig};
 use crate::store::{Accepted, Refused, Store};
 use crate::worker::MAX_EXPLICIT_LEASE;
+use leasehold_core::commands::TURN_GRACE;
 
 /// A wait may stall this long without any fault to explain it (contention alone: a few
 /// seconds at most with these hold times) before it counts as a waiter that never progressed.
@@ -32,6 +93,55 @@ pub const STALL_BOUND_US: i64 = 15_000_000;
 /// holder's lock lives until its lease runs out, reconnects back off up to 2 s.
 fn recovery_us(config: &RunConfig) -> i64 {
     2 * config.lease.max(MAX_EXPLICIT_LEASE).as_micros() as i64 + 2_000_000
+}
+
+/// A waiter must have a free lock within this long when no fault is near: the turn grace (the
+/// release may reserve the lock for another client's turn; the other clients try once it has
+/// passed) plus 200 ms for the wake-up message, one try and the scheduling of the processes.
+pub const FREE_LOCK_BOUND_US: i64 = TURN_GRACE.as_micros() as i64 + 200_000;
+/// fred's first reconnect delay under the library's default policy, which the chaos clients
+/// keep (50 ms doubling to 2 s, plus up to 100 ms of jitter).
+const FIRST_RECONNECT_DELAY_US: i64 = 150_000;
+/// fred's longest reconnect delay under that policy.
+const MAX_RECONNECT_DELAY_US: i64 = 2_000_000;
+/// A waiter's first backoff after a transient error (doubling up to the longest; an answer
+/// resets it).
+const MIN_WAIT_BACKOFF_US: i64 = 10_000;
+/// A waiter's longest backoff after transient errors.
+const MAX_WAIT_BACKOFF_US: i64 = 1_000_000;
+/// How long after a fault healed a command sent during it may still reach Redis: the proxy
+/// holds a chunk for at most its latency (400 ms at most in the orchestrator's faults).
+const LATE_DELIVERY_US: i64 = 500_000;
+/// Redis expires keys on its own millisecond clock: a key can outlive `set + ttl` on ours by
+/// the rounding, and by any slew between the two clocks over a lease.
+const EXPIRY_SLACK_US: i64 = 5_000;
+
+/// After `fault` healed, how long a waiter of a client it hit may still miss a free lock:
+/// - its connection may come back only after a pending reconnect delay (a release published
+///   meanwhile is lost to it; the reconnect then wakes every waiter). Delays double only while
+///   attempts fail, so the pending one is at most about twice the outage, from the first
+///   delay up to the longest;
+/// - it may be in a backoff after transient errors, which also doubles only while tries fail
+///   (during the outage and the reconnect), up to the longest;
+/// - a try sent just before the heal may run into the command timeout;
+/// - a message or reply the proxy still held may arrive up to [`LATE_DELIVERY_US`] late.
+///
+/// So about 1.5 s after a fault that cut connections at one instant while Redis stayed
+/// reachable, and 4 s after a long one (500 ms command timeout).
+fn free_lock_recovery_us(fault: &Fault, config: &RunConfig) -> i64 {
+    let outage = fault.end - fault.start;
+    let reconnect = MAX_RECONNECT_DELAY_US.min(2 * outage + FIRST_RECONNECT_DELAY_US);
+    let backoff = MAX_WAIT_BACKOFF_US.min(2 * (outage + reconnect) + MIN_WAIT_BACKOFF_US);
+    reconnect + backoff + config.command_timeout.as_micros() as i64 + LATE_DELIVERY_US
+}
+
+/// Whether `fault` hit client `client` generation `gen`: faults on one client hit only it,
+/// the others (Redis, every connection) hit everyone.
+fn hits(fault: &Fault, client: u32, gen: u32) -> bool {
+    match fault.client {
+        None => true,
+        Some(c) => c == client && fault.gen.is_none_or(|g| g == gen),
+    }
 }
 
 /// Reads `dir` and checks it.
@@ -86,7 +196,10 @@ struct Op {
     checks: Vec<(i64, bool)>,
     writes: Vec<(i64, u64, bool)>,
     released: Option<(i64, ReleaseHow, String)>,
-    abandoned: bool,
+    /// When the op was recorded as still running at the drain deadline.
+    abandoned: Option<i64>,
+    /// When the guard was handed to another task, and that task's number.
+    handoff: Option<(i64, u32)>,
 }
 
 impl Op {
@@ -100,6 +213,40 @@ impl Op {
             .map(|(t, _)| *t)
             .max()?;
         (last >= grant.t).then_some((grant.t, last))
+    }
+
+    /// The critical section's identity at `t`: (client, generation, task). The task is the one
+    /// that acquired, or from a hand-off on the one the guard went to.
+    fn task_at(&self, t: i64) -> (u32, u32, u32) {
+        let (client, gen, _) = self.key;
+        match self.handoff {
+            Some((at, to_task)) if t >= at => (client, gen, to_task),
+            _ => (client, gen, self.task),
+        }
+    }
+
+    /// When the acquire call returned, or for a waiter still waiting at the drain deadline,
+    /// when it was given up; `None` when its process was killed first.
+    fn call_end(&self) -> Option<i64> {
+        self.ended.or(self.abandoned)
+    }
+
+    /// When the op was over: released (holds), or its call ended (the rest); `None` while it
+    /// may still have been going on (a hold never released, a process killed).
+    fn over_at(&self) -> Option<i64> {
+        match &self.granted {
+            Some(_) => self.released.as_ref().map(|(t, _, _)| *t),
+            None => self.call_end(),
+        }
+    }
+
+    /// The last instant recorded for the hold before its release call went out.
+    fn last_before_release(&self) -> Option<i64> {
+        let grant = self.granted.as_ref()?;
+        let checks = self.checks.iter().map(|(t, _)| *t);
+        let writes = self.writes.iter().map(|(t, _, _)| *t);
+        let handoff = self.handoff.iter().map(|(t, _)| *t);
+        Some(checks.chain(writes).chain(handoff).fold(grant.t, i64::max))
     }
 
     fn finished_at(&self) -> Option<i64> {
@@ -184,11 +331,14 @@ pub const FENCE_REUSED: &str = "fence: one token handed to two grants";
 pub const FENCE_ORDER: &str = "fence: token not above an earlier grant's (real-time order)";
 pub const FENCE_RESTART: &str = "fence: tokens that went backwards across a Redis restart";
 pub const OVERLAP: &str = "exclusion: overlapping holds, both holders believed valid";
+pub const OVERLAP_TWO_TASKS: &str =
+    "exclusion: two tasks' critical sections overlapping under one owner id";
 pub const OVERLAP_DATA_LOSS: &str = "exclusion: overlaps after Redis lost its data";
 pub const LATE_WRITES: &str = "exclusion: writes landing after the writer's lease, in another hold";
 pub const ORPHANED: &str =
     "release: acquires that re-entered a hold their owner had let go of (unlock left it held)";
 pub const STUCK: &str = "liveness: waiters that never progressed after faults healed";
+pub const FREE_LOCK: &str = "liveness: waiters left waiting on a free lock past the bound";
 pub const KEYS_LEFT: &str =
     "cleanup: keys left after every TTL ran out (the fencing counter excluded)";
 pub const KEYS_NO_TTL: &str = "cleanup: keys without a TTL (the fencing counter excluded)";
@@ -257,7 +407,8 @@ pub fn analyze(
                         checks: Vec::new(),
                         writes: Vec::new(),
                         released: None,
-                        abandoned: false,
+                        abandoned: None,
+                        handoff: None,
                     },
                 );
                 continue;
@@ -293,7 +444,8 @@ pub fn analyze(
                 Event::Released {
                     t, how, outcome, ..
                 } => entry.released = Some((*t, *how, outcome.clone())),
-                Event::Abandoned { .. } => entry.abandoned = true,
+                Event::Abandoned { t, .. } => entry.abandoned = Some(*t),
+                Event::Handoff { t, to_task, .. } => entry.handoff = Some((*t, *to_task)),
                 Event::Begin { .. } | Event::Start { .. } | Event::Drained { .. } => {}
             }
         }
@@ -324,6 +476,7 @@ pub fn analyze(
     fence_checks(&mut report, &ops, accepted, &restart_within);
     exclusion_checks(&mut report, &ops, faults, &last_restart_within);
     liveness_check(&mut report, config, &ops, faults, &drained);
+    free_lock_check(&mut report, config, &ops, faults);
     orphan_check(&mut report, config, &ops);
 
     report.checks.push(CheckLine {
@@ -597,6 +750,7 @@ fn exclusion_checks(
         }
     }
     let mut violations = 0;
+    let mut two_tasks = 0;
     let mut data_loss = 0;
     for beliefs in by_res.values_mut() {
         beliefs.sort_by_key(|b| b.from);
@@ -608,14 +762,17 @@ fn exclusion_checks(
                     a.op.granted.as_ref().expect("belief needs a grant"),
                     b.op.granted.as_ref().expect("belief needs a grant"),
                 );
-                if oa.owner == ob.owner {
+                let overlap_end = a.to.min(b.to);
+                // One owner id: a nested re-entry while one task runs both sections, two
+                // critical sections at once when two tasks do.
+                let one_owner = oa.owner == ob.owner;
+                if one_owner && two_tasks_at(a.op, b.op, b.from, overlap_end).is_none() {
                     continue;
                 }
                 // Redis losing its data between the first acquire and the second grant lets
                 // both in; the first holder cannot know until its next renewal, and believes
                 // at most one lease past the loss (its deadline is a lease after the last
                 // renewal it sent before). Believing longer than that is a violation.
-                let overlap_end = a.to.min(b.to);
                 let why = match last_restart_within(a.op.begin, ob.t) {
                     Some(lost_by) if overlap_end <= lost_by + a.op.lease => {
                         data_loss += 1;
@@ -624,9 +781,15 @@ fn exclusion_checks(
                     Some(_) => "believed past its lease after Redis lost its data: ",
                     None => "",
                 };
-                violations += 1;
+                let what = if one_owner {
+                    two_tasks += 1;
+                    "two tasks under one owner id, "
+                } else {
+                    violations += 1;
+                    ""
+                };
                 report.samples.push(format!(
-                    "{why}overlap of {} ms: {} believed [{}, {}], {} believed [{}, {}]",
+                    "{why}{what}overlap of {} ms: {} believed [{}, {}], {} believed [{}, {}]",
                     (a.to.min(b.to) - b.from) / 1000,
                     a.op.describe(),
                     a.from,
@@ -641,6 +804,9 @@ fn exclusion_checks(
     report
         .checks
         .push(CheckLine::must_be_zero(OVERLAP, violations));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(OVERLAP_TWO_TASKS, two_tasks));
     report.checks.push(CheckLine {
         name: OVERLAP_DATA_LOSS,
         count: data_loss,
@@ -703,12 +869,26 @@ fn exclusion_checks(
     });
 }
 
+/// An instant in [from, to] at which `a` and `b` (holds of one owner id) ran their critical
+/// sections in two different tasks, if there is one. Each op's task changes at most once (at
+/// its hand-off), so the pair of tasks is constant between those instants: looking at the ends
+/// and at the hand-offs inside [from, to] covers every stretch.
+fn two_tasks_at(a: &Op, b: &Op, from: i64, to: i64) -> Option<i64> {
+    let handoffs = [a.handoff, b.handoff].into_iter().flatten().map(|(t, _)| t);
+    [from, to]
+        .into_iter()
+        .chain(handoffs.filter(|t| (from..=to).contains(t)))
+        .find(|&t| a.task_at(t) != b.task_at(t))
+}
+
 /// A task holds one guard at a time, so a grant with a hold count above 1 re-entered a hold
 /// that outlived its owner's guards. After a dropped guard that is the background release not
 /// having run yet (a benign race); after anything else the hold was orphaned in Redis: an
 /// acquire that got no reply and whose rollback did not run, or a release that got no reply.
 /// Its owner's next `unlock()` then returns Ok yet leaves the lock held, for another lease, or
-/// for as long as the owner keeps re-acquiring it.
+/// for as long as the owner keeps re-acquiring it. A re-entry of a hold that a hand-off section
+/// (same owner id, another task) was still working under is not an orphan: it is counted by the
+/// two-task rule when the sections overlap.
 fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, Op>) {
     let mut by_owner: BTreeMap<(u32, u32, u32, u32), Vec<&Op>> = BTreeMap::new();
     for op in ops.values() {
@@ -718,13 +898,22 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
             .or_default()
             .push(op);
     }
-    let (mut orphaned, mut racing_drop) = (0, 0);
+    let (mut orphaned, mut racing_drop, mut handed_off) = (0, 0, 0);
     let (mut after_no_hold, mut after_release, mut after_unlock) = (0, 0, 0);
     for sequence in by_owner.values_mut() {
         sequence.sort_by_key(|o| o.begin);
-        for pair in sequence.windows(2) {
+        for (i, pair) in sequence.windows(2).enumerate() {
             let (previous, op) = (pair[0], pair[1]);
-            if op.granted.as_ref().is_none_or(|g| g.hold_count <= 1) {
+            let Some(grant) = op.granted.as_ref().filter(|g| g.hold_count > 1) else {
+                continue;
+            };
+            let section_alive = |p: &&Op| {
+                p.handoff.is_some()
+                    && p.granted.is_some()
+                    && p.released.as_ref().is_none_or(|(t, _, _)| *t >= grant.t)
+            };
+            if sequence[..=i].iter().any(section_alive) {
+                handed_off += 1;
                 continue;
             }
             match &previous.released {
@@ -752,7 +941,8 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
         note: format!(
             "{after_no_hold} after an op without a hold, {after_release} after an unanswered \
              release, {after_unlock} after a clean unlock (a retry within the call, or a chain); \
-             not counted: {racing_drop} racing a dropped guard's background release{}",
+             not counted: {racing_drop} racing a dropped guard's background release, \
+             {handed_off} re-entering a hold a hand-off section still used{}",
             if config.tolerate_orphaned_reentry {
                 " (tolerated: known library bug)"
             } else {
@@ -778,7 +968,7 @@ fn liveness_check(
         let (client, gen, _) = op.key;
         let end = match op.finished_at() {
             Some(end) => end,
-            None if op.abandoned => {
+            None if op.abandoned.is_some() => {
                 stuck += 1;
                 report.samples.push(format!(
                     "still waiting at the drain deadline: {}",
@@ -829,6 +1019,418 @@ fn liveness_check(
             "longest operation stretch without a fault nearby: {} ms (bound {} ms)",
             longest_unexplained / 1000,
             STALL_BOUND_US / 1000
+        ),
+    });
+}
+
+/// An instant from which a lock was certainly free: no hold in Redis, at most a turn
+/// reservation (which only delays the other clients by the grace).
+struct FreeFrom<'a> {
+    /// The lock was free at `at`, and stays free until a hold can have begun after it.
+    at: i64,
+    /// The lock became free at some instant in [since, at], so a hold that began after that
+    /// instant was granted by a script that ran after `since`.
+    since: i64,
+    /// The op whose release or lease end proves it.
+    op: &'a Op,
+    how: FreedBy,
+}
+
+/// What proves a lock free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FreedBy {
+    /// A clean `unlock()` of the owner's only hold ([`freed_by_unlock`]).
+    Unlock,
+    /// An explicit lease that ran out ([`lease_ran_out`]).
+    LeaseEnd,
+}
+
+impl FreedBy {
+    fn name(self) -> &'static str {
+        match self {
+            FreedBy::Unlock => "unlock",
+            FreedBy::LeaseEnd => "lease end",
+        }
+    }
+}
+
+/// One lock's ops, seen from the free-lock rule.
+struct LockOps<'a> {
+    ops: Vec<&'a Op>,
+    /// For each op, when its acquire may have taken the lock without the history showing when
+    /// (see [`hidden_grants`]).
+    hidden: Vec<Vec<(i64, i64)>>,
+}
+
+/// When `op`'s acquire may have taken the lock without a `Granted` event dating it, as windows
+/// in which such a hold may have begun (when it ends does not matter here):
+/// - an acquire that failed: its script may have run, and its rollback runs in the background;
+/// - one cut short by SIGKILL (`killed`: when its process was gone): until then;
+/// - any call while a fault that can delay or lose a command's reply hit its client (or every
+///   client): a try whose reply was lost or late and was then rolled back, or a grant whose
+///   reply was held up. Such a try ran at most [`LATE_DELIVERY_US`] before the fault began
+///   (replies take far less without one) and at most that long after a command sent by the
+///   end of the fault (or of the call). Killing the subscriber connections loses no reply.
+fn hidden_grants(op: &Op, faults: &[Fault], killed: Option<i64>) -> Vec<(i64, i64)> {
+    let (client, gen, _) = op.key;
+    let mut windows = Vec::new();
+    let end = match (op.call_end(), killed) {
+        (Some(end), _) => end,
+        (None, Some(killed)) => killed,
+        (None, None) => i64::MAX - 2 * LATE_DELIVERY_US,
+    };
+    if op.failed.is_some() || op.call_end().is_none() {
+        windows.push((op.begin, end + LATE_DELIVERY_US));
+    }
+    for fault in faults {
+        if fault.kind == FaultKind::KillPubsubConnections || !hits(fault, client, gen) {
+            continue;
+        }
+        let from = op.begin.max(fault.start - LATE_DELIVERY_US);
+        let to = end.min(fault.end + LATE_DELIVERY_US) + LATE_DELIVERY_US;
+        if from <= end && fault.end + LATE_DELIVERY_US >= op.begin {
+            windows.push((from, to));
+        }
+    }
+    windows
+}
+
+/// Whether another op of `op`'s task (the same owner id) was under way on the same lock at
+/// some point of [from, to]: a re-entry, an orphaned hold or a hand-off section could then
+/// keep the lock held past `op`'s release.
+fn task_busy(op: &Op, same_task: &[&Op], from: i64, to: i64) -> bool {
+    same_task.iter().any(|o| {
+        !std::ptr::eq(*o, op) && o.begin <= to && o.over_at().is_none_or(|end| end >= from)
+    })
+}
+
+/// `guard.unlock()` returned Ok for a first hold (`hold_count == 1`: no hold of anyone else at
+/// the grant) while no other op of its task was under way on the lock: the release script then
+/// took the owner's only hold and deleted the lock (or left a turn reservation), after the op's
+/// last record before the call and before the call returned. A dropped guard (released in the
+/// background, when is unknown), a failed unlock and `run_once` (which may hand the lock to
+/// nobody until its `hold_at_least` tail runs out, and hides release errors) prove nothing.
+fn freed_by_unlock<'a>(op: &'a Op, same_task: &[&Op]) -> Option<FreeFrom<'a>> {
+    let (at, how, outcome) = op.released.as_ref()?;
+    let clean = *how == ReleaseHow::Unlock && outcome == "ok";
+    if !clean || op.granted.as_ref()?.hold_count != 1 || task_busy(op, same_task, op.begin, *at) {
+        return None;
+    }
+    Some(FreeFrom {
+        at: *at,
+        since: op.last_before_release()?,
+        op,
+        how: FreedBy::Unlock,
+    })
+}
+
+/// An explicit lease that certainly ran out: the acquire script set the key to expire a lease
+/// after it ran (no later than the grant was recorded), nothing renews an explicit lease, and
+/// only a re-entry of the same owner could raise it (so: a first hold, and no other op of its
+/// task under way). The hold is gone by `at` however it ended (a killed or paused client
+/// included). At the grant nobody else held the lock; a later hold is granted after this one
+/// ended, so after its grant was recorded (`since`) — unless the grant's reply came later than
+/// its lease, or Redis lost its data in between, which needs a fault: an op with `hidden`
+/// grants proves nothing. Nor does `run_once`, which reports no hold count (it may have
+/// re-entered an orphaned hold of its task, which may outlive the lease).
+fn lease_ran_out<'a>(op: &'a Op, same_task: &[&Op], hidden: &[(i64, i64)]) -> Option<FreeFrom<'a>> {
+    let grant = op.granted.as_ref()?;
+    let guard_with_lease = op.kind.explicit_lease() && op.kind != Kind::RunOnce;
+    if !guard_with_lease || grant.hold_count != 1 || !hidden.is_empty() {
+        return None;
+    }
+    let at = grant.t + op.lease + EXPIRY_SLACK_US;
+    if task_busy(op, same_task, op.begin, at) {
+        return None;
+    }
+    Some(FreeFrom {
+        at,
+        since: grant.t,
+        op,
+        how: FreedBy::LeaseEnd,
+    })
+}
+
+/// How long a lock stays certainly free after a proof: until the first hold that can have
+/// begun. A grant whose acquire began after the free instant may have taken the lock as early
+/// as that begin (a `try_lock()` takes a free, unreserved lock ahead of the waiters); a waiter
+/// that began before is dated by its recorded grant, since the first hold granted after the
+/// lock came free is the first whose grant is recorded (every later one needs that hold
+/// released, which its holder does after recording its grant). A hidden grant (see
+/// [`hidden_grants`]) may have begun anywhere in its window.
+struct FreeStretch<'a> {
+    /// The earliest a hidden grant may have begun (`i64::MAX`: none may have).
+    hidden: i64,
+    /// The two earliest instants a recorded grant may have begun at, with their ops.
+    grants: [(i64, Option<&'a Op>); 2],
+}
+
+impl FreeStretch<'_> {
+    /// Until when the lock stayed free for `waiter`: its own grant ends its wait, not the free
+    /// stretch it waited in.
+    fn until_for(&self, waiter: &Op) -> i64 {
+        let grant = match self.grants {
+            [(_, Some(first)), (second, _)] if std::ptr::eq(first, waiter) => second,
+            [(first, _), _] => first,
+        };
+        grant.min(self.hidden)
+    }
+}
+
+/// The stretch for which `free` keeps a lock free, or `None` if a grant recorded in [since, at]
+/// may have taken the lock before `at` already.
+fn free_stretch<'a>(free: &FreeFrom<'_>, lock: &LockOps<'a>) -> Option<FreeStretch<'a>> {
+    let mut stretch = FreeStretch {
+        hidden: i64::MAX,
+        grants: [(i64::MAX, None); 2],
+    };
+    for (op, hidden) in lock.ops.iter().zip(&lock.hidden) {
+        if std::ptr::eq(*op, free.op) {
+            continue;
+        }
+        if let Some(grant) = op.granted.as_ref().filter(|g| g.t >= free.since) {
+            if grant.t <= free.at {
+                return None;
+            }
+            let from = if op.begin >= free.at {
+                op.begin
+            } else {
+                grant.t
+            };
+            if from < stretch.grants[1].0 {
+                stretch.grants[1] = (from, Some(*op));
+                stretch.grants.sort_by_key(|(t, _)| *t);
+            }
+        }
+        for &(from, to) in hidden {
+            if to >= free.since {
+                stretch.hidden = stretch.hidden.min(from.max(free.at));
+            }
+        }
+    }
+    Some(stretch)
+}
+
+/// When a waiter of `client`/`gen` on a lock free from `from` must have it: the bound after
+/// `from`, or, when a fault on its client or on every client is in effect in that time (from
+/// its start until its recovery, see [`free_lock_recovery_us`], has passed), the bound after
+/// that recovery. Also whether no fault came into it (the strict bound). `faults` are sorted
+/// by start.
+fn wait_deadline(
+    from: i64,
+    (client, gen): (u32, u32),
+    faults: &[Fault],
+    config: &RunConfig,
+) -> (i64, bool) {
+    let mut deadline = from + FREE_LOCK_BOUND_US;
+    let mut strict = true;
+    for fault in faults.iter().filter(|f| hits(f, client, gen)) {
+        if fault.start > deadline {
+            break;
+        }
+        let recovered = fault.end + free_lock_recovery_us(fault, config);
+        if recovered >= from {
+            deadline = deadline.max(recovered + FREE_LOCK_BOUND_US);
+            strict = false;
+        }
+    }
+    (deadline, strict)
+}
+
+/// One waiting call measured against one free stretch.
+struct Wait {
+    /// Since when it waited on the free lock: the free instant, or its begin if later.
+    from: i64,
+    /// Until when the lock stayed free for it ([`FreeStretch::until_for`]).
+    until: i64,
+    /// When its call returned (or it was given up at the drain deadline).
+    end: i64,
+    /// When it must have had the lock ([`wait_deadline`]).
+    deadline: i64,
+    /// Whether no fault moved the deadline.
+    strict: bool,
+}
+
+impl Wait {
+    /// `waiter` in the stretch `free` proves, if it was waiting on the lock while free.
+    fn new(
+        free: &FreeFrom<'_>,
+        stretch: &FreeStretch<'_>,
+        waiter: &Op,
+        faults: &[Fault],
+        config: &RunConfig,
+    ) -> Option<Wait> {
+        let end = waiter.call_end()?;
+        let from = free.at.max(waiter.begin);
+        let until = stretch.until_for(waiter);
+        if !waiter.kind.waits() || from >= until || end <= from {
+            return None;
+        }
+        let (client, gen, _) = waiter.key;
+        let (deadline, strict) = wait_deadline(from, (client, gen), faults, config);
+        Some(Wait {
+            from,
+            until,
+            end,
+            deadline,
+            strict,
+        })
+    }
+
+    /// The lock stayed free past the deadline, and the waiter was still waiting then.
+    fn left_waiting(&self) -> bool {
+        self.until > self.deadline && self.end > self.deadline
+    }
+
+    fn describe(&self, free: &FreeFrom<'_>, waiter: &Op) -> String {
+        let taken = match self.until {
+            i64::MAX => "nobody took it".to_string(),
+            until => format!("nobody took it for {} ms", (until - self.from) / 1000),
+        };
+        format!(
+            "waited {} ms on a free lock (free after the {} of {}; {taken}; bound {} ms{}): {}",
+            (self.end - self.from) / 1000,
+            free.how.name(),
+            free.op.describe(),
+            (self.deadline - self.from) / 1000,
+            if self.strict { "" } else { ", a fault near" },
+            waiter.describe()
+        )
+    }
+}
+
+/// What the free-lock rule saw, for the report's note.
+#[derive(Default)]
+struct FreeLockStats {
+    by_unlock: usize,
+    by_lease: usize,
+    strict_checks: usize,
+    fault_checks: usize,
+    longest_strict: i64,
+}
+
+impl FreeLockStats {
+    fn proof(&mut self, how: FreedBy) {
+        match how {
+            FreedBy::Unlock => self.by_unlock += 1,
+            FreedBy::LeaseEnd => self.by_lease += 1,
+        }
+    }
+
+    fn wait(&mut self, wait: &Wait) {
+        if wait.strict {
+            self.strict_checks += 1;
+            self.longest_strict = self
+                .longest_strict
+                .max(wait.end.min(wait.until) - wait.from);
+        } else {
+            self.fault_checks += 1;
+        }
+    }
+}
+
+/// The ops of each (client, generation, acquiring task, lock): one owner id's ops on one lock.
+type TaskOps<'a> = HashMap<(u32, u32, u32, u32), Vec<&'a Op>>;
+
+/// Each lock's ops with their hidden grants, and each task's ops per lock.
+fn lock_ops<'a>(ops: &'a BTreeMap<OpKey, Op>, faults: &[Fault]) -> (Vec<LockOps<'a>>, TaskOps<'a>) {
+    // When a killed process was certainly gone: the kill fault ended after the SIGKILL.
+    let killed: HashMap<(u32, u32), i64> = faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::ClientKill)
+        .filter_map(|f| Some(((f.client?, f.gen?), f.end)))
+        .collect();
+    let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
+    let mut by_task: TaskOps<'a> = HashMap::new();
+    for op in ops.values() {
+        let (client, gen, _) = op.key;
+        by_res.entry(op.res).or_default().push(op);
+        by_task
+            .entry((client, gen, op.task, op.res))
+            .or_default()
+            .push(op);
+    }
+    let locks = by_res
+        .into_values()
+        .map(|ops| {
+            let hidden = ops
+                .iter()
+                .map(|op| {
+                    let (client, gen, _) = op.key;
+                    hidden_grants(op, faults, killed.get(&(client, gen)).copied())
+                })
+                .collect();
+            LockOps { ops, hidden }
+        })
+        .collect();
+    (locks, by_task)
+}
+
+/// Waiters left waiting on a free lock: for every instant the history proves a lock free
+/// ([`freed_by_unlock`], [`lease_ran_out`]) and the stretch it stays certainly free
+/// ([`free_stretch`]), every waiting call that was under way then and had not returned by the
+/// deadline ([`wait_deadline`]) while the lock was still free is a violation.
+fn free_lock_check(
+    report: &mut Report,
+    config: &RunConfig,
+    ops: &BTreeMap<OpKey, Op>,
+    faults: &[Fault],
+) {
+    let mut faults = faults.to_vec();
+    faults.sort_by_key(|f| f.start);
+    let (locks, by_task) = lock_ops(ops, &faults);
+    let mut stats = FreeLockStats::default();
+    let mut stuck: HashSet<OpKey> = HashSet::new();
+    for lock in &locks {
+        for (op, hidden) in lock.ops.iter().zip(&lock.hidden) {
+            let (client, gen, _) = op.key;
+            let same_task = &by_task[&(client, gen, op.task, op.res)];
+            let proofs = [
+                freed_by_unlock(op, same_task),
+                lease_ran_out(op, same_task, hidden),
+            ];
+            for free in proofs.into_iter().flatten() {
+                let Some(stretch) = free_stretch(&free, lock).filter(|s| s.hidden > free.at) else {
+                    continue;
+                };
+                stats.proof(free.how);
+                for waiter in &lock.ops {
+                    if stuck.contains(&waiter.key) {
+                        continue;
+                    }
+                    let Some(wait) = Wait::new(&free, &stretch, waiter, &faults, config) else {
+                        continue;
+                    };
+                    stats.wait(&wait);
+                    if wait.left_waiting() {
+                        stuck.insert(waiter.key);
+                        report.samples.push(wait.describe(&free, waiter));
+                    }
+                }
+            }
+        }
+    }
+    let longest_recovery = faults
+        .iter()
+        .map(|f| free_lock_recovery_us(f, config))
+        .max()
+        .unwrap_or(0);
+    report.checks.push(CheckLine {
+        name: FREE_LOCK,
+        count: stuck.len(),
+        must_be_zero: true,
+        note: format!(
+            "locks proven free {} times ({} after an unlock, {} after a lease ran out); waits on \
+             them checked: {} against {} ms, {} with a fault's recovery (up to {} ms) added; \
+             longest with no fault near: {} ms",
+            stats.by_unlock + stats.by_lease,
+            stats.by_unlock,
+            stats.by_lease,
+            stats.strict_checks,
+            FREE_LOCK_BOUND_US / 1000,
+            stats.fault_checks,
+            longest_recovery / 1000,
+            stats.longest_strict / 1000
         ),
     });
 }
@@ -1242,5 +1844,231 @@ mod tests {
         }
         let h = [history(0, [dropped, reentered].concat())];
         assert_eq!(run(&h, &[], &[]).count(ORPHANED), 0);
+    }
+
+    /// A `lock()` on res-0 that begins at `begin` and is granted (a first hold of `owner`) at
+    /// `granted`, then released at once.
+    fn waiter(op: u64, owner: &str, token: u64, begin: i64, granted: i64) -> Vec<Event> {
+        hold(
+            op,
+            owner,
+            token,
+            begin,
+            granted,
+            granted,
+            None,
+            granted + 1_000,
+        )
+    }
+
+    fn set_hold_count(events: &mut [Event], count: u64) {
+        for event in events {
+            if let Event::Granted { hold_count, .. } = event {
+                *hold_count = count;
+            }
+        }
+    }
+
+    fn fault(kind: FaultKind, client: Option<u32>, start: i64, end: i64) -> Fault {
+        Fault {
+            kind,
+            client,
+            gen: client.map(|_| 0),
+            start,
+            end,
+            detail: String::new(),
+        }
+    }
+
+    /// a unlocks at 1 ms; b, waiting since 0.5 ms, gets the lock at `b_granted`.
+    fn release_then_wait(b_granted: i64) -> Vec<ClientHistory> {
+        vec![
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1_000)),
+            history(1, waiter(1, "b", 11, 500, b_granted)),
+        ]
+    }
+
+    #[test]
+    fn a_waiter_left_on_a_free_lock_fails() {
+        let report = run(&release_then_wait(601_000), &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 1, "{report}");
+        assert!(!report.passed());
+        // Giving up after waiting that long on the free lock fails just the same.
+        let gave_up = vec![
+            Event::Begin {
+                t: 500,
+                op: 1,
+                task: 0,
+                kind: Kind::TryLockFor,
+                res: 0,
+                lease_ms: None,
+            },
+            Event::NotGranted { t: 601_000, op: 1 },
+        ];
+        let h = [
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1_000)),
+            history(1, gave_up),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(FREE_LOCK), 1);
+        // So does one that began on the free lock (its own grant ends its wait, not the free
+        // stretch): a release reserving a turn for a client that crashed in the queue.
+        let h = [
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1_000)),
+            history(1, waiter(1, "b", 11, 2_000, 1_002_000)),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(FREE_LOCK), 1);
+    }
+
+    #[test]
+    fn a_waiter_woken_within_the_bound_passes() {
+        let h = release_then_wait(1_000 + FREE_LOCK_BOUND_US - 1_000);
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 0, "{report}");
+        assert!(report.passed());
+    }
+
+    #[test]
+    fn a_fault_near_lengthens_the_bound() {
+        let h = release_then_wait(601_000);
+        // Every subscriber connection killed just before the release: the wake-up may be lost,
+        // and the bound runs from the reconnect.
+        let pubsub = fault(FaultKind::KillPubsubConnections, None, 900, 900);
+        assert_eq!(
+            run(&h, std::slice::from_ref(&pubsub), &[]).count(FREE_LOCK),
+            0
+        );
+        // The waiter's client partitioned until 0.4 s: its tries may have been granted unseen
+        // (then rolled back), so the lock is not even known free.
+        let partition = fault(FaultKind::ProxyPartition, Some(1), 0, 400_000);
+        assert_eq!(run(&h, &[partition], &[]).count(FREE_LOCK), 0);
+        // A fault on another client explains nothing, nor one long healed.
+        let elsewhere = fault(FaultKind::ProxyPartition, Some(2), 0, 400_000);
+        assert_eq!(run(&h, &[elsewhere], &[]).count(FREE_LOCK), 1);
+        let long_ago = fault(
+            FaultKind::KillPubsubConnections,
+            None,
+            -9_000_000,
+            -9_000_000,
+        );
+        assert_eq!(run(&h, &[long_ago], &[]).count(FREE_LOCK), 1);
+        // Slower than even the longer bound still fails.
+        let h = release_then_wait(9_000_000);
+        assert_eq!(run(&h, &[pubsub], &[]).count(FREE_LOCK), 1);
+    }
+
+    #[test]
+    fn a_try_lock_that_takes_the_free_lock_ends_it() {
+        // c's try_lock takes the lock 50 ms after a let it go, ahead of the waiting b, and holds
+        // it (dropping its guard: no proof of when it ended) until just before b gets it.
+        let mut c = hold(1, "c", 12, 50_000, 50_500, 500_000, None, 600_000);
+        if let Event::Begin { kind, .. } = &mut c[0] {
+            *kind = Kind::TryLock;
+        }
+        if let Some(Event::Released { how, .. }) = c.last_mut() {
+            *how = ReleaseHow::Drop;
+        }
+        let mut h = release_then_wait(601_000);
+        h.push(history(2, c));
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 0, "{report}");
+    }
+
+    #[test]
+    fn an_explicit_lease_that_ran_out_frees_the_lock() {
+        // a's 300 ms lease: its guard dropped at 250 µs (released in the background, when is
+        // unknown), but the lock is free by 100 µs + 300 ms at the latest.
+        let mut a = hold(1, "a", 10, 0, 100, 200, None, 250);
+        if let Event::Begin { kind, lease_ms, .. } = &mut a[0] {
+            (*kind, *lease_ms) = (Kind::LockWithLease, Some(300));
+        }
+        if let Some(Event::Released { how, .. }) = a.last_mut() {
+            *how = ReleaseHow::Drop;
+        }
+        let waited = |granted| {
+            [
+                history(0, a.clone()),
+                history(1, waiter(1, "b", 11, 150, granted)),
+            ]
+        };
+        assert_eq!(run(&waited(900_000), &[], &[]).count(FREE_LOCK), 1);
+        assert_eq!(run(&waited(400_000), &[], &[]).count(FREE_LOCK), 0);
+    }
+
+    #[test]
+    fn releasing_a_hold_its_task_reentered_proves_nothing() {
+        // Op 1 is handed off; its task re-enters (op 2, hold count 2) and keeps the lock until
+        // 1.5 s, so the section's unlock at 1 ms left the lock held and b waits rightly.
+        let mut handed = hold(1, "a", 10, 0, 100, 900, None, 1_000);
+        handed.insert(
+            2,
+            Event::Handoff {
+                t: 150,
+                op: 1,
+                to_task: 7,
+            },
+        );
+        let mut reentered = hold(2, "a", 10, 200, 210, 700, None, 1_500_000);
+        set_hold_count(&mut reentered, 2);
+        let h = [
+            history(0, [handed, reentered].concat()),
+            history(1, waiter(1, "b", 11, 500, 1_501_000)),
+        ];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(FREE_LOCK), 0, "{report}");
+        assert_eq!(report.count(OVERLAP_TWO_TASKS), 1, "{report}");
+    }
+
+    #[test]
+    fn two_tasks_of_one_owner_overlapping_fail() {
+        // Op 1's guard goes to task 7 at 150; task 0 goes on and re-enters (op 2, hold count 2)
+        // at 210 while task 7 still works under the hold (believed until 900).
+        let mut handed = hold(1, "a", 10, 0, 100, 900, None, 1_000);
+        handed.insert(
+            2,
+            Event::Handoff {
+                t: 150,
+                op: 1,
+                to_task: 7,
+            },
+        );
+        let mut reentered = hold(2, "a", 10, 200, 210, 700, None, 800);
+        set_hold_count(&mut reentered, 2);
+        let h = [history(0, [handed.clone(), reentered.clone()].concat())];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(OVERLAP_TWO_TASKS), 1, "{report}");
+        assert_eq!(report.count(OVERLAP), 0);
+        assert_eq!(report.count(ORPHANED), 0, "a hand-off is no orphan");
+        assert!(!report.passed());
+        // Two task loops under one owner id overlap just the same.
+        let mut other_task = hold(2, "a", 10, 200, 210, 700, None, 800);
+        if let Event::Begin { task, .. } = &mut other_task[0] {
+            *task = 1;
+        }
+        let h = [history(
+            0,
+            [hold(1, "a", 10, 0, 100, 900, None, 1_000), other_task].concat(),
+        )];
+        assert_eq!(run(&h, &[], &[]).count(OVERLAP_TWO_TASKS), 1);
+    }
+
+    #[test]
+    fn nested_reentry_within_one_task_passes() {
+        // Op 2 re-enters op 1's hold in the same task and is done (believed until 700) before
+        // op 1 is handed off at 750: one task at a time ran the critical section.
+        let mut outer = hold(1, "a", 10, 0, 100, 900, None, 1_000);
+        outer.insert(
+            2,
+            Event::Handoff {
+                t: 750,
+                op: 1,
+                to_task: 7,
+            },
+        );
+        let mut inner = hold(2, "a", 10, 500, 600, 700, None, 720);
+        set_hold_count(&mut inner, 2);
+        let h = [history(0, [outer, inner].concat())];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(OVERLAP_TWO_TASKS), 0, "{report}");
+        assert!(report.passed(), "{report}");
     }
 }

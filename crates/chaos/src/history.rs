@@ -63,6 +63,17 @@ impl Kind {
             Kind::Lock | Kind::TryLockFor | Kind::TryLockForWithLease | Kind::LockWithLease
         )
     }
+
+    /// Whether the hold has an explicit lease, which nothing renews (the others are watched).
+    pub fn explicit_lease(self) -> bool {
+        matches!(
+            self,
+            Kind::TryLockWithLease
+                | Kind::TryLockForWithLease
+                | Kind::LockWithLease
+                | Kind::RunOnce
+        )
+    }
 }
 
 /// How a hold ended.
@@ -138,6 +149,10 @@ pub enum Event {
         how: ReleaseHow,
         outcome: String,
     },
+    /// The acquiring task handed the guard to a task it spawned (`to_task`, numbered after the
+    /// client's task loops) and went straight on to its next operation: the op's later checks,
+    /// write and release are that task's. Recorded before the spawn.
+    Handoff { t: i64, op: u64, to_task: u32 },
     /// The op was still running at the drain deadline: a waiter that never progressed.
     Abandoned { t: i64, op: u64 },
     /// Every task stopped; what the client still had registered locally afterwards.
@@ -159,6 +174,7 @@ impl Event {
             | Event::Check { op, .. }
             | Event::Write { op, .. }
             | Event::Released { op, .. }
+            | Event::Handoff { op, .. }
             | Event::Abandoned { op, .. } => Some(*op),
             Event::Start { .. } | Event::Drained { .. } => None,
         }

@@ -15,10 +15,15 @@
 //!   Redis restart;
 //! - exclusion: no two owners ever both believed (`is_held()`) they held one lock at one
 //!   instant, except right after Redis lost its data (counted apart, bounded by one lease);
-//!   writes that landed after their writer's lease (a pause between check and write) are
-//!   counted with how many the fence refused;
+//!   nor did two tasks under one owner id (a guard handed to a spawned task while the first
+//!   task acquired again): a critical section is a (client process, task), and only nested
+//!   re-entry within one task may overlap; writes that landed after their writer's lease (a
+//!   pause between check and write) are counted with how many the fence refused;
 //! - release: no acquire re-entered a hold its owner had let go of (an orphaned hold);
-//! - liveness: no operation stalled with no fault nearby, none was still waiting at the stop;
+//! - liveness: every waiter got a lock the history proves free within 225 ms (the 25 ms turn
+//!   grace + 200 ms), or within that after a fault on its client (or on all) had healed and
+//!   its recovery passed; no operation stalled for 15 s with no fault nearby, none was still
+//!   waiting at the stop;
 //! - cleanup: after the clients stopped, no subscription, no registered waiter or hold, no key
 //!   without a TTL, and no key once every TTL ran out. The prefix's fencing counter
 //!   (`P:fence`) is not counted: it stays by design, to keep tokens increasing.

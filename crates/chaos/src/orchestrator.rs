@@ -157,22 +157,43 @@ impl Env<'_> {
 
     /// Clients holding a lock right now, by the owner ids in the lock hashes.
     async fn holders(&self) -> anyhow::Result<Vec<u32>> {
-        let mut holders = Vec::new();
+        self.clients_named(|lock| vec!["HKEYS".into(), lock]).await
+    }
+
+    /// Clients queued for a turn right now, by the client ids in the turn queues.
+    async fn queued(&self) -> anyhow::Result<Vec<u32>> {
+        self.clients_named(|lock| {
+            vec![
+                "ZRANGE".into(),
+                format!("{lock}:queue"),
+                "0".into(),
+                "-1".into(),
+            ]
+        })
+        .await
+    }
+
+    /// The clients named by the command `command(lock key)` run for every lock: owner ids
+    /// and client ids both start with the client's uuid.
+    async fn clients_named(
+        &self,
+        command: impl Fn(String) -> Vec<String>,
+    ) -> anyhow::Result<Vec<u32>> {
+        let mut clients = Vec::new();
         for res in 0..self.config.resources {
             let redis = self.redis.clone();
-            let key = format!("{PREFIX}:{{{}}}", resource_name(res));
-            let Ok(fields) = blocking(move || strings(redis.command(&["HKEYS", &key]))).await?
-            else {
+            let args = command(format!("{PREFIX}:{{{}}}", resource_name(res)));
+            let Ok(names) = blocking(move || strings(redis.command(&args))).await? else {
                 continue; // Redis paused or restarting: no one to pick
             };
-            for field in fields {
-                let uuid = field.split(':').next().unwrap_or_default();
+            for name in names {
+                let uuid = name.split(':').next().unwrap_or_default();
                 if let Some(i) = self.slots.iter().position(|s| s.client_id == uuid) {
-                    holders.push(i as u32);
+                    clients.push(i as u32);
                 }
             }
         }
-        Ok(holders)
+        Ok(clients)
     }
 }
 
@@ -252,6 +273,15 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
         let holders = env.holders().await?;
         if !holders.is_empty() {
             client = holders[rng.below(holders.len() as u64) as usize];
+        }
+    }
+    if kind == FaultKind::ClientKill && rng.chance(70) {
+        // Mostly kill a client queued for a turn: its id stays in the queue, so a release
+        // reserves the lock for a turn nobody takes, and the other waiters must not sleep
+        // through it.
+        let queued = env.queued().await?;
+        if !queued.is_empty() {
+            client = queued[rng.below(queued.len() as u64) as usize];
         }
     }
     let gen = env.slots[client as usize].gen;

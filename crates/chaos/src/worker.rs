@@ -1,12 +1,14 @@
 //! `leasehold-chaos client`: one client process. Its tasks loop: acquire (a random lock kind),
 //! check the lease, write to the fenced store, hold briefly, release, recording every step.
+//! Now and then a task hands its guard to a task it spawns, which does the hold while the
+//! first task goes on with its next operation (see [`hand_off`]).
 //!
 //! SIGTERM: finish the current operation and stop (a waiter still waiting after
 //! [`DRAIN_DEADLINE`] is recorded as abandoned), then print `DRAINED`. SIGUSR1: exit.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
 use leasehold::{LockClient, LockError, LockGuard};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant};
 
 use crate::clock::now_us;
@@ -65,6 +68,10 @@ struct Ctx {
     next_op: AtomicU64,
     in_flight: Mutex<HashSet<u64>>,
     store_path: PathBuf,
+    /// The number of the next hand-off task (task loops are `0..tasks`).
+    next_task: AtomicU32,
+    /// Hand-off sections still running (finished ones are collected at each new hand-off).
+    sections: Mutex<JoinSet<anyhow::Result<()>>>,
 }
 
 impl Ctx {
@@ -107,11 +114,13 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     });
     let ctx = Arc::new(Ctx {
         store_path: config.dir.join("store.db"),
+        next_task: AtomicU32::new(config.tasks),
         config,
         client,
         log,
         next_op: AtomicU64::new(1),
         in_flight: Mutex::new(HashSet::new()),
+        sections: Mutex::new(JoinSet::new()),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let root = Rng::new(ctx.config.seed)
@@ -140,6 +149,12 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
             Err(_) => break,
         }
     }
+    let mut sections = std::mem::take(&mut *ctx.sections.lock().unwrap());
+    while let Ok(Some(section)) =
+        tokio::time::timeout_at(drain_deadline, sections.join_next()).await
+    {
+        section_result(section)?;
+    }
     let abandoned: Vec<u64> = ctx.in_flight.lock().unwrap().iter().copied().collect();
     for op in abandoned {
         ctx.record(Event::Abandoned { t: now_us(), op });
@@ -147,6 +162,7 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     for task in &tasks {
         task.abort();
     }
+    sections.abort_all();
     // Guards dropped by aborted tasks release in the background; unsubscribes are spawned
     // too. Wait (bounded) until nothing is registered locally any more.
     let settle = Instant::now() + Duration::from_secs(10);
@@ -205,17 +221,31 @@ async fn task_loop(
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let mut store = Some(store);
+    let mut handed_off = None;
     while !*stop.borrow() {
         let op = ctx.next_op.fetch_add(1, Ordering::Relaxed);
         ctx.in_flight.lock().unwrap().insert(op);
-        one_op(&ctx, task, op, &mut rng, &mut store).await?;
-        ctx.in_flight.lock().unwrap().remove(&op);
+        // Right after a hand-off, often the same lock again: the case where the task's own
+        // next acquire meets the hold it handed away.
+        let res = match handed_off {
+            Some(res) if rng.chance(50) => res,
+            _ => rng.below(u64::from(ctx.config.resources)) as u32,
+        };
+        handed_off = one_op(&ctx, task, op, res, &mut rng, &mut store).await?;
+        if handed_off.is_none() {
+            // A hand-off section finishes its op itself.
+            ctx.in_flight.lock().unwrap().remove(&op);
+        }
         sleep(Duration::from_millis(rng.range(0, 30))).await;
     }
     Ok(())
 }
 
 const KIND_WEIGHTS: [u64; 7] = [3, 2, 3, 2, 2, 2, 2];
+/// How often a guard from `lock()` or `try_lock_for()` is handed to a spawned task. Low: until
+/// the library makes the hand-off explicit, each one whose task asks for the same lock again
+/// while the section still runs is a violation (two tasks in one critical section).
+const HANDOFF_PERCENT: u64 = 8;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -237,22 +267,21 @@ fn describe(error: &LockError) -> String {
     format!("{kind}: {error}")
 }
 
+/// One operation on lock `res`. Returns `Some(res)` when the guard was handed to a spawned
+/// task, which finishes the op (see [`hand_off`]).
 async fn one_op(
     ctx: &Arc<Ctx>,
     task: u32,
     op: u64,
+    res: u32,
     rng: &mut Rng,
     store: &mut Option<Store>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<u32>> {
     let kind = Kind::ALL[rng.weighted(&KIND_WEIGHTS)];
-    let res = rng.below(u64::from(ctx.config.resources)) as u32;
     let lock = ctx.client.lock(&resource_name(res))?;
     let wait = ms(rng.range(50, 1500));
     let lease = ms(rng.range(200, MAX_EXPLICIT_LEASE.as_millis() as u64));
-    let explicit = matches!(
-        kind,
-        Kind::TryLockWithLease | Kind::TryLockForWithLease | Kind::LockWithLease | Kind::RunOnce
-    );
+    let explicit = kind.explicit_lease();
     let begin = now_us();
     ctx.record(Event::Begin {
         t: begin,
@@ -263,7 +292,8 @@ async fn one_op(
         lease_ms: explicit.then_some(lease.as_millis() as u64),
     });
     if kind == Kind::RunOnce {
-        return run_once_op(ctx, op, rng, &lock, begin, lease).await;
+        run_once_op(ctx, op, rng, &lock, begin, lease).await?;
+        return Ok(None);
     }
     let result = match kind {
         Kind::Lock => lock.lock().await.map(Some),
@@ -284,6 +314,10 @@ async fn one_op(
                 token: Some(guard.fencing_token().get()),
                 hold_count: guard.hold_count(),
             });
+            if matches!(kind, Kind::Lock | Kind::TryLockFor) && rng.chance(HANDOFF_PERCENT) {
+                hand_off(ctx, op, res, rng.fork(op), guard)?;
+                return Ok(Some(res));
+            }
             hold(ctx, op, res, rng, store, guard).await?;
         }
         Ok(None) => ctx.record(Event::NotGranted { t, op }),
@@ -297,7 +331,55 @@ async fn one_op(
             sleep(ms(rng.range(20, 100))).await;
         }
     }
+    Ok(None)
+}
+
+/// `let g = lock.lock().await?; tokio::spawn(work(g));`: the hold (checks, fenced write,
+/// release) runs in a new task, recorded as a task of its own (`Handoff`), while the caller
+/// goes straight on to its next operation. The checker then sees whether the caller's next
+/// acquire of the same lock re-entered the hold the section still works under (two tasks in
+/// one critical section) or waited for it.
+fn hand_off(ctx: &Arc<Ctx>, op: u64, res: u32, rng: Rng, guard: LockGuard) -> anyhow::Result<()> {
+    let to_task = ctx.next_task.fetch_add(1, Ordering::Relaxed);
+    ctx.record(Event::Handoff {
+        t: now_us(),
+        op,
+        to_task,
+    });
+    let mut sections = ctx.sections.lock().unwrap();
+    // Collect finished sections, so that one that failed fails this client task.
+    while let Some(finished) = sections.try_join_next() {
+        section_result(finished)?;
+    }
+    // HAND-OFF: once guards moved to another task must be detached explicitly (`LockGuard<'a>`,
+    // `detach()` -> `LockGuard<'static>`), this line becomes
+    // `sections.spawn(section(ctx.clone(), op, res, rng, guard.detach()));`
+    sections.spawn(section(ctx.clone(), op, res, rng, guard));
     Ok(())
+}
+
+/// The spawned half of a hand-off: the hold, in a task of its own, with its own store
+/// connection (opened at its first write).
+async fn section(
+    ctx: Arc<Ctx>,
+    op: u64,
+    res: u32,
+    mut rng: Rng,
+    guard: LockGuard,
+) -> anyhow::Result<()> {
+    hold(&ctx, op, res, &mut rng, &mut None, guard).await?;
+    ctx.in_flight.lock().unwrap().remove(&op);
+    Ok(())
+}
+
+/// A finished section's outcome: its error, or its panic as an error.
+fn section_result(
+    joined: Result<anyhow::Result<()>, tokio::task::JoinError>,
+) -> anyhow::Result<()> {
+    match joined {
+        Ok(result) => result.context("hand-off section failed"),
+        Err(join) => anyhow::bail!("hand-off section panicked: {join}"),
+    }
 }
 
 async fn hold(
@@ -315,14 +397,20 @@ async fn hold(
         // Preparing the write: a pause that lands here makes a late write, which the store
         // must refuse once a newer holder wrote.
         sleep(ms(rng.range(20, 150))).await;
-        let mut conn = store.take().expect("store is put back after each write");
+        let conn = store.take();
+        let path = ctx.store_path.clone();
         let (client, gen) = (ctx.config.client, ctx.config.gen);
         let (conn, written) = tokio::task::spawn_blocking(move || {
+            // A hand-off section has no connection yet: it opens one here, off the workers.
+            let mut conn = match conn.map_or_else(|| Store::open(&path), Ok) {
+                Ok(conn) => conn,
+                Err(error) => return (None, Err(error)),
+            };
             let written = conn.write(res, token, client, gen, op);
-            (conn, written)
+            (Some(conn), written)
         })
         .await?;
-        *store = Some(conn);
+        *store = conn;
         let (accepted, t) = written?;
         ctx.record(Event::Write {
             t,
