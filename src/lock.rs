@@ -253,9 +253,7 @@ impl Lock {
         // A detached guard of this task's hold lives in another task: this task waits for it
         // like any other task instead of re-entering it. (A handle with an explicit owner
         // re-enters on purpose: see LockGuard::reentrant.)
-        if self.owner.is_none()
-            && !client.holds.until_attached(&attempt.hold, deadline).await
-        {
+        if self.owner.is_none() && !client.holds.until_attached(&attempt.hold, deadline).await {
             return Ok(None);
         }
         if let Some(grant) = client.holds.grant_of(&attempt.hold) {
@@ -321,7 +319,6 @@ impl LockGuard<'_> {
         Lock::new(self.client().clone(), self.hold().keys.clone())
             .with_owner(self.hold().owner.clone())
     }
-
 }
 
 /// A grant of the plain lock, before it becomes a guard.

@@ -348,7 +348,10 @@ async fn defect4_a_detached_guard_is_not_reentered_by_its_task() {
         released.await.unwrap();
         outer.unlock().await.unwrap();
     });
-    assert!(lock.try_lock().await.unwrap().is_none(), "busy for this task");
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "busy for this task"
+    );
     assert!(lock
         .try_lock_for(Duration::from_millis(200))
         .await

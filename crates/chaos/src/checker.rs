@@ -84,7 +84,7 @@ use crate::history::{
 use crate::orchestrator::{Cleanup, RunConfig};
 use crate::store::{Accepted, Refused, Store};
 use crate::worker::MAX_EXPLICIT_LEASE;
-use leasehold_core::commands::TURN_GRACE;
+use leasehold_core::protocol::DEFAULT_TURN_GRACE as TURN_GRACE;
 
 /// A wait may stall this long without any fault to explain it (contention alone: a few
 /// seconds at most with these hold times) before it counts as a waiter that never progressed.

@@ -339,7 +339,13 @@ async fn one_op(
 /// goes straight on to its next operation. The checker then sees whether the caller's next
 /// acquire of the same lock re-entered the hold the section still works under (two tasks in
 /// one critical section) or waited for it.
-fn hand_off(ctx: &Arc<Ctx>, op: u64, res: u32, rng: Rng, guard: LockGuard) -> anyhow::Result<()> {
+fn hand_off(
+    ctx: &Arc<Ctx>,
+    op: u64,
+    res: u32,
+    rng: Rng,
+    guard: LockGuard<'_>,
+) -> anyhow::Result<()> {
     let to_task = ctx.next_task.fetch_add(1, Ordering::Relaxed);
     ctx.record(Event::Handoff {
         t: now_us(),
@@ -351,10 +357,8 @@ fn hand_off(ctx: &Arc<Ctx>, op: u64, res: u32, rng: Rng, guard: LockGuard) -> an
     while let Some(finished) = sections.try_join_next() {
         section_result(finished)?;
     }
-    // HAND-OFF: once guards moved to another task must be detached explicitly (`LockGuard<'a>`,
-    // `detach()` -> `LockGuard<'static>`), this line becomes
-    // `sections.spawn(section(ctx.clone(), op, res, rng, guard.detach()));`
-    sections.spawn(section(ctx.clone(), op, res, rng, guard));
+    // A guard leaves its task only detached: the caller's next acquire then waits for it.
+    sections.spawn(section(ctx.clone(), op, res, rng, guard.detach()));
     Ok(())
 }
 
@@ -365,7 +369,7 @@ async fn section(
     op: u64,
     res: u32,
     mut rng: Rng,
-    guard: LockGuard,
+    guard: LockGuard<'static>,
 ) -> anyhow::Result<()> {
     hold(&ctx, op, res, &mut rng, &mut None, guard).await?;
     ctx.in_flight.lock().unwrap().remove(&op);

@@ -103,7 +103,12 @@ impl RedisServerBuilder {
             .tempdir()?;
         let mut args = self.args;
         if self.cluster {
-            let cluster_args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"];
+            let cluster_args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ];
             args.splice(0..0, cluster_args.map(OsString::from));
         }
         let config = Config {
@@ -442,7 +447,11 @@ fn free_cluster_port() -> Result<u16> {
             return Ok(port);
         }
     }
-    Err(io::Error::new(io::ErrorKind::AddrInUse, "no free port pair for a cluster node").into())
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        "no free port pair for a cluster node",
+    )
+    .into())
 }
 
 /// A free port: bind port 0, note the port, drop the listener.
