@@ -103,11 +103,14 @@ impl RedisServerBuilder {
             .tempdir()?;
         let mut args = self.args;
         if self.cluster {
-            let cluster_args = [
+            let cluster_args: [&str; 6] = [
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
+                // Announce the address clients can reach: CLUSTER SLOTS answers with it.
+                "--cluster-announce-ip",
+                "127.0.0.1",
             ];
             args.splice(0..0, cluster_args.map(OsString::from));
         }

@@ -1,0 +1,135 @@
+//! Every script on Redis Cluster: a one-node cluster (`cluster-enabled yes`, every slot on the
+//! node) refuses a script whose keys span slots with CROSSSLOT, exactly as a real cluster does.
+//! Lock names here are spread over many slots, and every path runs: plain tries, re-entry,
+//! waiting with the turn queue, renewal in batches, releases, `unlock_after`, settling an
+//! unanswered command and `force_unlock`. A key outside the lock's slot can never come back
+//! unnoticed.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use fred::types::config::{Config, ServerConfig};
+use leasehold::{LockClient, LockError};
+use leasehold_testkit::RedisServer;
+
+fn cluster_node() -> RedisServer {
+    RedisServer::builder()
+        .single_node_cluster()
+        .start()
+        .unwrap_or_else(|e| panic!("cannot start a cluster-enabled redis-server: {e}"))
+}
+
+async fn cluster_client(node: &RedisServer, lease: Duration) -> LockClient {
+    let config = Config {
+        server: ServerConfig::new_clustered(vec![("127.0.0.1".to_string(), node.port())]),
+        ..Config::default()
+    };
+    LockClient::builder_from_config(config)
+        .lease(lease)
+        .build()
+        .await
+        .expect("connect to the cluster")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_runs_on_a_cluster_with_names_over_many_slots() {
+    let node = cluster_node();
+    let a = cluster_client(&node, Duration::from_millis(600)).await;
+    let b = cluster_client(&node, Duration::from_millis(600)).await;
+    let names: Vec<String> = (0..200).map(|i| format!("order:{i}")).collect();
+    let slots: BTreeSet<u16> = names
+        .iter()
+        .map(|n| a.lock(n).unwrap().keys().slot())
+        .collect();
+    assert!(slots.len() > 150, "names spread over {} slots", slots.len());
+
+    // Grants, re-entries and explicit leases over every name; held across several renewal
+    // periods, so the watchdog renews them in batches (one slot per batch on Cluster).
+    let locks: Vec<_> = names.iter().map(|n| a.lock(n).unwrap()).collect();
+    let mut guards = Vec::new();
+    for lock in &locks {
+        let outer = lock.try_lock().await.unwrap().expect("free");
+        let inner = lock
+            .try_lock_with_lease(Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("re-entry");
+        assert_eq!(inner.hold_count(), 2);
+        inner.unlock().await.unwrap();
+        guards.push(outer);
+    }
+    let renewed = a.watchdog_stats().renewed;
+    assert!(
+        common::eventually(Duration::from_secs(15), || a.watchdog_stats().renewed
+            >= renewed + 2 * names.len() as u64)
+        .await,
+        "renewals: {:?}",
+        a.watchdog_stats()
+    );
+    assert_eq!(a.watchdog_stats().lost, 0, "{:?}", a.watchdog_stats());
+    assert!(guards.iter().all(|g| g.is_held()));
+
+    // Waiting: the other client waits on a few of them (turn queue, messages), then gets them.
+    let mut waits = Vec::new();
+    for name in names.iter().take(10) {
+        let lock = b.lock(name).unwrap();
+        waits.push(tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(20))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        }));
+    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || b.waiters() == 10).await,
+        "the waiters queued"
+    );
+    for guard in guards.drain(..) {
+        guard.unlock().await.unwrap();
+    }
+    for wait in waits {
+        let guard = wait.await.unwrap().unwrap().expect("handed over");
+        // unlock_after on half of them, a plain release on the others.
+        if guard.fencing_token().get() % 2 == 0 {
+            guard.unlock_after(Duration::from_millis(50)).await.unwrap();
+        } else {
+            guard.unlock().await.unwrap();
+        }
+    }
+
+    // force_unlock, and a release without a guard.
+    let lock = a.lock(&names[20]).unwrap();
+    let held = lock.try_lock().await.unwrap().expect("free").detach();
+    assert!(b.lock(&names[20]).unwrap().force_unlock().await.unwrap());
+    assert!(matches!(
+        held.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    let again = lock.lock().await.unwrap();
+    std::mem::forget(again);
+    lock.unlock().await.unwrap();
+    assert!(!lock.is_locked().await.unwrap());
+}
+
+/// Settling runs on Cluster too: an acquire cancelled while its script is in flight is taken
+/// back by the settle (the release script with an expected count), on names over many slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settles_run_on_a_cluster() {
+    let node = cluster_node();
+    let client = cluster_client(&node, Duration::from_secs(30)).await;
+    for i in 0..50 {
+        let lock = client.lock(&format!("settle:{i}")).unwrap();
+        // Cancelled at its first await: sometimes before the send, sometimes in flight.
+        let attempt = lock.try_lock();
+        let _ = tokio::time::timeout(Duration::from_micros(1), attempt).await;
+        assert!(
+            common::eventually(Duration::from_secs(10), || !common::exists(
+                &node,
+                lock.keys().hash()
+            ))
+            .await,
+            "settle:{i} was left held"
+        );
+    }
+}
