@@ -21,6 +21,24 @@
 //! - [`FencingToken`]s that keep increasing even when Redis loses its data.
 //!
 //! See `docs/guide.md` for the guarantees and their limits.
+//!
+//! # Architecture
+//! The facade is thin types over shared machinery, as `tokio::sync`'s locks are over one
+//! semaphore:
+//!
+//! ```text
+//! builder, connect   settings; connecting (a failed or dropped connect closes its connection)
+//! client             LockClient: the command connection, the hold table, the release listener
+//! wait               the waiting engine: line up, try, register interest, sleep until a
+//!                    wake-up, the busy time or the deadline; generic over one `Attempt`
+//! release            releases, and settling commands whose reply never came
+//! lock, guard        the plain lock: its attempt (acquire.lua) and its guard
+//! schedule           run-once jobs on top of the lock
+//! ```
+//! Below it: `leasehold-core` (keys, leases, owners, protocol words, scripts, errors),
+//! `leasehold-watchdog` (the hold table and renewal) and `leasehold-pubsub` (the subscriber and
+//! each lock's local line of waiters). A new kind of lock adds its scripts to core and an
+//! attempt and a guard here; the waiting, the hold bookkeeping, renewal and settling are shared.
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
