@@ -9,7 +9,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use leasehold_core::scripts::Scripts;
-use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, Result};
+use leasehold_core::{ClientId, LockKeys, Owner, Prefix, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
 use tokio::time::Instant;
@@ -20,6 +20,36 @@ use crate::Lock;
 /// deadline still has this long to get its answer. A bounded call returns at most this long
 /// after its deadline.
 pub const LAST_TRY_BUDGET: Duration = Duration::from_millis(250);
+
+/// Awaits a command future within a [`Budget`], with a tokio timer only when the budget needs
+/// one. A macro, so the command future is built in place in each branch: moving a script call's
+/// future (over a kilobyte) into a helper showed up as memcpy on the hot path.
+macro_rules! within {
+    ($budget:expr, $command:expr) => {
+        if $budget.timer {
+            tokio::time::timeout_at($budget.until, $command)
+                .await
+                .unwrap_or(Err(leasehold_core::LockError::Timeout))
+        } else {
+            $command.await
+        }
+    };
+}
+pub(crate) use within;
+
+/// How much later than its budget a command may time out when the budget is (about) the whole
+/// command timeout: then fred's own timeout ends it, and no tokio timer is armed.
+const TIMER_SLACK: Duration = Duration::from_millis(20);
+
+/// The time one command may take, its connection wait included.
+pub(crate) struct Budget {
+    /// The command goes out no earlier than this.
+    pub(crate) sent_at: Instant,
+    /// The reply must come by then.
+    pub(crate) until: Instant,
+    /// Whether a tokio timer must enforce `until` (fred's own timeout would come too late).
+    pub(crate) timer: bool,
+}
 
 /// A distributed lock client: the entry point of leasehold.
 ///
@@ -85,12 +115,27 @@ impl ClientInner {
         }
     }
 
-    /// Waits, until `until` at most, for the command connection when it is being
-    /// re-established: state changes go out with a single attempt, so fred cannot queue them
-    /// for us.
-    pub(crate) async fn ready(&self, until: Instant) {
-        if !self.redis.is_connected() {
-            let _ = tokio::time::timeout_at(until, self.redis.wait_for_connect()).await;
+    /// Starts a command's budget: waits (within it) for the command connection when it is being
+    /// re-established, since state changes go out with a single attempt and fred cannot queue
+    /// them for us. The command is then sent no earlier than `sent_at`.
+    pub(crate) async fn start(&self, budget: Duration) -> Budget {
+        let now = Instant::now();
+        let until = now + budget;
+        if self.redis.is_connected() {
+            return Budget {
+                sent_at: now,
+                until,
+                // fred times every command out after the command timeout by itself, so a tokio
+                // timer (registering and cancelling one costs on the hot path) is armed only
+                // when the budget ends clearly earlier than that.
+                timer: budget + TIMER_SLACK < self.command_timeout,
+            };
+        }
+        let _ = tokio::time::timeout_at(until, self.redis.wait_for_connect()).await;
+        Budget {
+            sent_at: Instant::now(),
+            until,
+            timer: true,
         }
     }
 
@@ -101,11 +146,8 @@ impl ClientInner {
         budget: Duration,
         command: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let until = Instant::now() + budget;
-        self.ready(until).await;
-        tokio::time::timeout_at(until, command)
-            .await
-            .unwrap_or(Err(LockError::Timeout))
+        let budget = self.start(budget).await;
+        within!(budget, command)
     }
 }
 

@@ -58,9 +58,13 @@ pub struct LockGuard<'a> {
     client: Arc<ClientInner>,
     hold: HoldId,
     fence: FencingToken,
-    hold_count: u64,
+    /// (u32: a hold re-entered four billion times is not a thing; the guard stays small.)
+    hold_count: u32,
     /// This guard's share of the grant in the hold table; `None` once released.
     share: Option<HoldGuard>,
+    /// Acquired under the task's own owner (not an explicit, shared one): detaching it keeps
+    /// the task from re-entering.
+    task_owned: bool,
     /// Borrows the handle the guard came from (see the type's docs).
     _lock: PhantomData<&'a ()>,
 }
@@ -84,13 +88,15 @@ impl<'a> LockGuard<'a> {
         fence: FencingToken,
         hold_count: u64,
         share: HoldGuard,
+        task_owned: bool,
     ) -> LockGuard<'a> {
         LockGuard {
             client,
             hold,
             fence,
-            hold_count,
+            hold_count: u32::try_from(hold_count).unwrap_or(u32::MAX),
             share: Some(share),
+            task_owned,
             _lock: PhantomData,
         }
     }
@@ -114,7 +120,7 @@ impl<'a> LockGuard<'a> {
     /// The owner's hold count right after this acquire (1 for a first grant, more for
     /// re-entries).
     pub fn hold_count(&self) -> u64 {
-        self.hold_count
+        u64::from(self.hold_count)
     }
 
     /// Whether the lease is still certainly valid as far as this process knows: the grant was
@@ -188,7 +194,7 @@ impl<'a> LockGuard<'a> {
     /// this only frees the guard from the handle's borrow.
     pub fn detach(mut self) -> LockGuard<'static> {
         let mut share = self.share.take();
-        if self.hold.owner.is_task() {
+        if self.task_owned {
             if let Some(share) = share.as_mut() {
                 self.client.holds.detach(share);
             }
@@ -199,6 +205,7 @@ impl<'a> LockGuard<'a> {
             fence: self.fence,
             hold_count: self.hold_count,
             share,
+            task_owned: self.task_owned,
             _lock: PhantomData,
         }
     }
@@ -217,11 +224,15 @@ impl<'a> LockGuard<'a> {
     fn start_release(&mut self, kind: ReleaseKind) -> Release {
         let ends_within = self.valid_until().saturating_duration_since(Instant::now())
             + self.client.command_timeout;
-        // The ticket first: from here the owner's next acquire waits for this release.
-        let ticket = self.client.holds.begin_release(&self.hold);
-        self.share = None;
+        // The share leaves the table and the release is registered in one step: from here the
+        // owner's next acquire waits for this release.
+        let (ticket, current) = match self.share.take() {
+            Some(share) => share.release(&self.hold),
+            None => (self.client.holds.begin_release(&self.hold), false),
+        };
         Release {
             _ticket: ticket,
+            checked: !current,
             client: self.client.clone(),
             hold: self.hold.clone(),
             token: Some(self.fence),

@@ -9,7 +9,7 @@ use leasehold_core::{DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys
 use leasehold_watchdog::{HoldGuard, LeaseMode};
 use tokio::time::Instant;
 
-use crate::client::ClientInner;
+use crate::client::{within, ClientInner};
 use crate::guard::LockGuard;
 use crate::release::{settle, Release};
 use crate::wait::{self, Attempt, Tried};
@@ -205,6 +205,7 @@ impl Lock {
             _ticket: self.client.holds.begin_release(&hold),
             client: self.client.clone(),
             token: grant.map(|g| g.token),
+            checked: false,
             hold,
             kind: ReleaseKind::Now,
             ends_within: self.client.holds.lease().duration(),
@@ -250,13 +251,17 @@ impl Lock {
             mode,
             lease,
         };
+        let mut prepared = client.holds.prepare(&attempt.hold);
         // A detached guard of this task's hold lives in another task: this task waits for it
         // like any other task instead of re-entering it. (A handle with an explicit owner
         // re-enters on purpose: see LockGuard::reentrant.)
-        if self.owner.is_none() && !client.holds.until_attached(&attempt.hold, deadline).await {
-            return Ok(None);
+        if prepared.detached && self.owner.is_none() {
+            if !Box::pin(client.holds.until_attached(&attempt.hold, deadline)).await {
+                return Ok(None);
+            }
+            prepared = client.holds.prepare(&attempt.hold);
         }
-        if let Some(grant) = client.holds.grant_of(&attempt.hold) {
+        if let Some(grant) = prepared.grant {
             let budget = client.budget(deadline);
             match attempt
                 .send(AcquireMode::Reenter(grant.token), budget)
@@ -277,7 +282,9 @@ impl Lock {
                 Tried::Busy(_) => None,
             }
         } else {
-            wait::acquire(client, &self.keys, &mut attempt, deadline).await?
+            // Boxed: the waiting engine's state is large, and a try that is granted at once
+            // (the common case) should not carry it.
+            Box::pin(wait::acquire(client, &self.keys, &mut attempt, deadline)).await?
         };
         Ok(granted.map(|granted| self.guard(granted)))
     }
@@ -289,6 +296,7 @@ impl Lock {
             granted.fence,
             granted.hold_count,
             granted.share,
+            self.owner.is_none(),
         )
     }
 }
@@ -363,31 +371,38 @@ impl LockAttempt<'_> {
     /// background.
     async fn send(&self, mode: AcquireMode<'_>, budget: Duration) -> Result<Tried<Granted>> {
         let client = self.client;
-        let until = Instant::now() + budget;
         // An earlier unanswered command of this hold may have left a hold that this acquire
-        // would re-enter; it is settled first.
-        if !client.holds.settled(&self.hold, budget).await {
-            return Err(LockError::Timeout);
+        // would re-enter; it is settled first, within the same budget. (Boxed: in the common
+        // case, nothing in flight, this future is never built.)
+        let mut budget = budget;
+        if !client.holds.is_quiet(true) {
+            let started = Instant::now();
+            if !Box::pin(client.holds.settled(&self.hold, budget)).await {
+                return Err(LockError::Timeout);
+            }
+            budget = budget
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1));
         }
-        client.ready(until).await;
+        let budget = client.start(budget).await;
         // Armed only now: dropped while waiting for the connection, nothing was sent.
         let reentered = match mode {
             AcquireMode::Reenter(token) => Some(token),
             _ => None,
         };
         let pending = DropGuard::new(|| self.settle_unanswered(reentered));
-        let sent_at = Instant::now();
-        let acquire = commands::acquire(
-            &client.redis,
-            &client.scripts,
-            &self.hold.keys,
-            &self.hold.owner,
-            self.lease,
-            mode,
+        let sent_at = budget.sent_at;
+        let reply = within!(
+            budget,
+            commands::acquire(
+                &client.redis,
+                &client.scripts,
+                &self.hold.keys,
+                &self.hold.owner,
+                self.lease,
+                mode,
+            )
         );
-        let reply = tokio::time::timeout_at(until, acquire)
-            .await
-            .unwrap_or(Err(LockError::Timeout));
         match reply {
             Ok(commands::Acquire::Granted { hold_count, fence }) => {
                 pending.disarm();

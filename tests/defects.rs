@@ -256,6 +256,7 @@ async fn defect3_a_lost_watched_guard_is_not_revived_by_a_new_grant() {
         "after two renewals: g1.is_held() = {g1_held} (want false), max PTTL of the explicit \
          {explicit_lease:?} hold = {max_pttl} ms (want <= 1500)"
     );
+
     // The explicit hold ends by itself, at its lease.
     let expired = common::eventually(Duration::from_secs(5), || {
         max_pttl = max_pttl.max(pttl(&redis, &key));
@@ -383,6 +384,34 @@ async fn defect4_a_detached_guard_is_not_reentered_by_its_task() {
     second.unlock().await.unwrap();
     first.unlock().await.unwrap();
     assert!(!exists(&redis, "leasehold:{detached}"));
+}
+
+/// Nor can a guard whose grant ended release a later grant of the same owner: the release of a
+/// grant the hold table no longer has as current names its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect3_a_lost_guard_cannot_release_a_later_grant_of_its_owner() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("stale-release").unwrap();
+    let key = lock.keys().hash().to_string();
+    let g1 = lock.lock().await.unwrap();
+    assert!(lock.force_unlock().await.unwrap());
+    let g2 = lock
+        .try_lock_with_lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free after the force unlock");
+    assert_eq!(g2.hold_count(), 1, "a fresh grant");
+    assert!(!g1.is_held(), "the later grant showed g1's is gone");
+    assert!(matches!(g1.unlock().await, Err(LockError::NotHeld { .. })));
+    assert_eq!(
+        hget(&redis, &key, g2.owner().id()),
+        Some(1),
+        "g1's release left the later grant alone"
+    );
+    assert!(g2.is_held());
+    g2.unlock().await.unwrap();
+    assert!(!exists(&redis, &key));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use bytes_utils::Str;
 use fred::interfaces::LuaInterface;
 use fred::prelude::Value;
 use fred::types::Key;
@@ -71,6 +72,21 @@ pub enum ReleaseKind {
     After(u64),
 }
 
+/// A fixed argument, sent without copying it (these go out on every waiter's try).
+fn word(text: &'static str) -> Value {
+    Value::String(Str::from_static(text))
+}
+
+/// A grant's token as a script argument, or `''` for "whichever grant". Sent as an integer:
+/// Redis hands it to Lua as its decimal text, which is how the hash stores it, and the client
+/// formats no string for it.
+fn token_arg(token: Option<FencingToken>) -> Value {
+    match token {
+        Some(token) => Value::Integer(i64::from(token)),
+        None => word(""),
+    }
+}
+
 fn parse_error(script: &str, value: &Value) -> LockError {
     LockError::Redis(crate::error::RedisError::connection(format!(
         "unexpected reply from the {script} script: {value:?}"
@@ -110,14 +126,14 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
             match mode {
                 AcquireMode::Try => {}
                 AcquireMode::Reenter(token) => {
-                    args.push(Value::from("r"));
-                    args.push(Value::from(token.to_string()));
+                    args.push(word("r"));
+                    args.push(token_arg(Some(token)));
                 }
                 AcquireMode::Waiter(w) => {
                     key_list.push(Key::from(keys.queue_str()));
-                    args.push(Value::from("w"));
+                    args.push(word("w"));
                     args.push(Value::from(w.client));
-                    args.push(Value::from(if w.more { "1" } else { "0" }));
+                    args.push(word(if w.more { "1" } else { "0" }));
                     args.push(Value::from(keys.released_str().clone()));
                 }
             }
@@ -163,7 +179,6 @@ pub async fn release<C: LuaInterface + Send + Sync>(
     expected: Option<u64>,
 ) -> Result<Release> {
     let keys = &hold.keys;
-    let token = token.map_or_else(String::new, |t| t.to_string());
     let reply: Value = match kind {
         ReleaseKind::Now => {
             scripts
@@ -172,7 +187,7 @@ pub async fn release<C: LuaInterface + Send + Sync>(
                     let mut args = Vec::with_capacity(4);
                     args.push(Value::from(hold.owner.id_str().clone()));
                     args.push(Value::from(keys.released_str().clone()));
-                    args.push(Value::from(token.as_str()));
+                    args.push(token_arg(token));
                     if let Some(expected) = expected {
                         args.push(Value::from(expected as i64));
                     }
@@ -190,7 +205,7 @@ pub async fn release<C: LuaInterface + Send + Sync>(
                     let mut args = Vec::with_capacity(4);
                     args.push(Value::from(hold.owner.id_str().clone()));
                     args.push(Value::from(after_ms as i64));
-                    args.push(Value::from(token.as_str()));
+                    args.push(token_arg(token));
                     if let Some(expected) = expected {
                         args.push(Value::from(expected as i64));
                     }
@@ -241,7 +256,7 @@ pub async fn renew<C: LuaInterface + Send + Sync>(
             args.push(Value::from(lease.millis() as i64));
             for r in holds {
                 args.push(Value::from(r.hold.owner.id_str().clone()));
-                args.push(Value::from(r.token.to_string()));
+                args.push(token_arg(Some(r.token)));
             }
             (keys.into(), Value::Array(args))
         })

@@ -184,13 +184,7 @@ impl LockKeys {
         let hash_len = prefix.len() + 1 + name.len() + if tagged { 0 } else { 2 };
         let suffixes = [":released", ":queue"];
         let mut fence_tag = [0u8; 10];
-        let fence_tag = {
-            use std::io::Write;
-            let mut rest = &mut fence_tag[..];
-            write!(rest, "{}", slot::tag_of_slot(slot)).expect("a u32 fits 10 digits");
-            let len = 10 - rest.len();
-            std::str::from_utf8(&fence_tag[..len]).expect("digits")
-        };
+        let fence_tag = slot::tag_text(slot, &mut fence_tag);
         let fence_len = prefix.len() + 2 + fence_tag.len() + ":fence".len() + 1;
         let mut all = String::with_capacity(name.len() + 3 * hash_len + 15 + fence_len);
         all.push_str(name);

@@ -41,11 +41,11 @@ impl ClientId {
     /// exact-size allocation.
     pub fn current_owner(&self) -> Owner {
         match tokio::task::try_id() {
-            Some(id) => self.owner(format_args!("t{id}"), OwnerKind::Task),
+            Some(id) => self.owner(format_args!("t{id}")),
             None => {
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 std::thread::current().id().hash(&mut h);
-                self.owner(format_args!("h{:x}", h.finish()), OwnerKind::Task)
+                self.owner(format_args!("h{:x}", h.finish()))
             }
         }
     }
@@ -53,12 +53,12 @@ impl ClientId {
     /// A fresh explicit owner, distinct from every task owner and every other explicit owner.
     pub fn new_owner(&self) -> Owner {
         let n = self.next_owner.fetch_add(1, Ordering::Relaxed);
-        self.owner(format_args!("o{n}"), OwnerKind::Explicit)
+        self.owner(format_args!("o{n}"))
     }
 
     /// `<uuid>:<local>`. Local ids are a letter and a u64 (at most 21 bytes), so the id fits
     /// the buffer; a longer one would still be written whole, through a String.
-    fn owner(&self, local: fmt::Arguments<'_>, kind: OwnerKind) -> Owner {
+    fn owner(&self, local: fmt::Arguments<'_>) -> Owner {
         use std::io::Write;
         let mut buf = [0u8; 64];
         let mut rest = &mut buf[..];
@@ -66,60 +66,21 @@ impl ClientId {
             let len = 64 - rest.len();
             let id = Str::from_inner(bytes::Bytes::copy_from_slice(&buf[..len]))
                 .expect("written from str");
-            return Owner { id, kind };
+            return Owner { id };
         }
         Owner {
             id: format!("{}:{local}", self.uuid).into(),
-            kind,
         }
     }
-}
-
-/// Where an owner comes from: it decides whether a detached guard keeps the owner out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum OwnerKind {
-    /// The current tokio task (or thread): nested acquires in the task re-enter.
-    Task,
-    /// Made by [`ClientId::new_owner`] (or read back from Redis): shared on purpose.
-    Explicit,
 }
 
 /// The owner id `<client uuid>:<local id>` under which holds are counted in Redis.
 ///
 /// Cheap to clone. Two futures that should not re-enter each other inside one task use two
 /// explicit owners; tasks that share one hold share one explicit owner.
-///
-/// Equality, ordering and hashing use the id alone.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Owner {
     id: Str,
-    kind: OwnerKind,
-}
-
-impl PartialEq for Owner {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for Owner {}
-
-impl PartialOrd for Owner {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Owner {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.id.cmp(&other.id)
-    }
-}
-
-impl Hash for Owner {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
 }
 
 impl Owner {
@@ -128,19 +89,12 @@ impl Owner {
     pub fn from_id(id: impl Into<String>) -> Owner {
         Owner {
             id: id.into().into(),
-            kind: OwnerKind::Explicit,
         }
     }
 
     /// The id as stored in the lock hash.
     pub fn id(&self) -> &str {
         &self.id
-    }
-
-    /// Whether this is the owner of a tokio task (or thread), as made by
-    /// [`ClientId::current_owner`], rather than an explicit, shared one.
-    pub fn is_task(&self) -> bool {
-        self.kind == OwnerKind::Task
     }
 
     /// The id as a shared string (no copy when put into a command).

@@ -67,6 +67,15 @@ pub fn tag_of_slot(slot: u16) -> u32 {
     TAGS[usize::from(slot % SLOTS)]
 }
 
+/// [`tag_of_slot`] as text, written into `buf` (no allocation, no `fmt` machinery: every lock
+/// handle needs it).
+pub(crate) fn tag_text(slot: u16, buf: &mut [u8; 10]) -> &str {
+    let mut digits = itoa_buf::Buf::default();
+    let text = digits.format(tag_of_slot(slot));
+    buf[..text.len()].copy_from_slice(text);
+    std::str::from_utf8(&buf[..text.len()]).expect("digits")
+}
+
 /// Decimal formatting without allocating.
 mod itoa_buf {
     #[derive(Default)]

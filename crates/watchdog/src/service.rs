@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +96,12 @@ pub(crate) struct Shared {
     pub(crate) config: WatchdogConfig,
     pub(crate) state: Mutex<State>,
     pub(crate) changed: Notify,
+    /// Releases in flight, over every hold: 0 lets the common acquire skip the table look.
+    pub(crate) releases: AtomicUsize,
+    /// Settles in flight, over every hold: 0 lets the common release skip the table look.
+    pub(crate) settles: AtomicUsize,
+    /// Detached guards alive, over every hold.
+    pub(crate) detached: AtomicUsize,
     renew_calls: AtomicU64,
     renewed: AtomicU64,
     lost: AtomicU64,
@@ -129,6 +135,9 @@ impl Watchdog {
             config,
             state: Mutex::new(State::default()),
             changed: Notify::new(),
+            releases: AtomicUsize::new(0),
+            settles: AtomicUsize::new(0),
+            detached: AtomicUsize::new(0),
             renew_calls: AtomicU64::new(0),
             renewed: AtomicU64::new(0),
             lost: AtomicU64::new(0),

@@ -1,12 +1,15 @@
 //! The hold table: one entry per [`HoldId`], holding the grant the client knows, its guards,
 //! settles in flight and detached guards.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
+use hashbrown::{DefaultHashBuilder, HashTable};
 use leasehold_core::{FencingToken, HoldId, Lease};
 use slab::Slab;
 use tokio::sync::Notify;
@@ -27,6 +30,17 @@ pub enum LeaseMode {
     Fixed(Lease),
 }
 
+/// What an acquire must know before it is sent ([`Watchdog::prepare`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// The grant the client holds: the acquire is a re-entry of it.
+    pub grant: Option<HeldGrant>,
+    /// A detached guard of the hold is alive (a task-owned acquire waits for it).
+    pub detached: bool,
+    /// Releases or settles of the hold are in flight (the acquire waits for them).
+    pub unsettled: bool,
+}
+
 /// The grant the client holds for one [`HoldId`], as [`Watchdog::grant_of`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldGrant {
@@ -41,8 +55,8 @@ pub(crate) struct Grant {
     pub(crate) id: u64,
     pub(crate) token: FencingToken,
     pub(crate) lease: Arc<LeaseState>,
-    pub(crate) watched: usize,
-    pub(crate) fixed: usize,
+    pub(crate) watched: u32,
+    pub(crate) fixed: u32,
     /// When the next renewal is due; `None` while unwatched or while a renewal is in flight.
     pub(crate) due: Option<Instant>,
 }
@@ -52,26 +66,50 @@ pub(crate) struct Entry {
     /// Unique for the watchdog's lifetime: slots are reused, ids never.
     pub(crate) id: u64,
     pub(crate) grant: Option<Grant>,
+    /// Detached guards alive.
+    pub(crate) detached: u32,
+    /// Releases of this hold in flight.
+    pub(crate) releasing: u32,
+    /// What only the rare paths need, kept out of line: a client may hold 10,000 entries.
+    pub(crate) extra: Option<Box<Extra>>,
+}
+
+/// The rarely used part of an entry.
+#[derive(Default)]
+pub(crate) struct Extra {
     pub(crate) settling: Option<(u64, Settle)>,
-    pub(crate) detached: usize,
+    /// Woken when the last detached guard goes.
     pub(crate) reattached: Option<Arc<Notify>>,
-    /// Releases of this hold in flight, and who waits for them to end.
-    pub(crate) releasing: usize,
+    /// Woken when the last release in flight ends.
     pub(crate) released: Option<Arc<Notify>>,
 }
 
 impl Entry {
     fn is_empty(&self) -> bool {
-        self.grant.is_none() && self.settling.is_none() && self.detached == 0 && self.releasing == 0
+        self.grant.is_none()
+            && self.detached == 0
+            && self.releasing == 0
+            && self.extra.as_ref().is_none_or(|x| x.settling.is_none())
+    }
+
+    fn settling(&self) -> Option<&Settle> {
+        self.extra.as_ref()?.settling.as_ref().map(|(_, s)| s)
+    }
+
+    fn extra(&mut self) -> &mut Extra {
+        self.extra.get_or_insert_with(Default::default)
     }
 }
 
-/// Entries live in a slab (one slot each); the map finds an entry by hold, the set orders the
-/// watched grants by due time.
+/// Entries live in a slab (one slot each); the index finds an entry by hold, the set orders
+/// the watched grants by due time.
 #[derive(Default)]
 pub(crate) struct State {
     pub(crate) entries: Slab<Entry>,
-    pub(crate) index: HashMap<HoldId, usize>,
+    /// Slots, found by hashing the hold stored in the entry: the index keeps no second copy of
+    /// the key (a client may hold 10,000 entries), and hashes with foldhash, not SipHash.
+    index: HashTable<usize>,
+    hasher: DefaultHashBuilder,
     pub(crate) due: BTreeSet<(Instant, usize)>,
     pub(crate) next_id: u64,
     /// When the renewal task will next look at the schedule. A new grant wakes it only when
@@ -87,9 +125,17 @@ impl State {
         self.next_id
     }
 
+    /// The slot of `hold`'s entry, if there is one.
+    pub(crate) fn find(&self, hold: &HoldId) -> Option<usize> {
+        let hash = self.hasher.hash_one(hold);
+        self.index
+            .find(hash, |&slot| self.entries[slot].hold == *hold)
+            .copied()
+    }
+
     /// The slot of `hold`'s entry, made when missing.
     fn entry(&mut self, hold: &HoldId) -> usize {
-        if let Some(&slot) = self.index.get(hold) {
+        if let Some(slot) = self.find(hold) {
             return slot;
         }
         let id = self.next_id();
@@ -97,21 +143,25 @@ impl State {
             hold: hold.clone(),
             id,
             grant: None,
-            settling: None,
             detached: 0,
-            reattached: None,
             releasing: 0,
-            released: None,
+            extra: None,
         });
-        self.index.insert(hold.clone(), slot);
+        let hash = self.hasher.hash_one(hold);
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.index
+            .insert_unique(hash, slot, |&other| hasher.hash_one(&entries[other].hold));
         slot
     }
 
     /// Drops the entry in `slot` when nothing is left in it.
     pub(crate) fn tidy(&mut self, slot: usize) {
         if self.entries.get(slot).is_some_and(Entry::is_empty) {
-            let entry = self.entries.remove(slot);
-            self.index.remove(&entry.hold);
+            let hash = self.hasher.hash_one(&self.entries[slot].hold);
+            if let Ok(found) = self.index.find_entry(hash, |&other| other == slot) {
+                found.remove();
+            }
+            self.entries.remove(slot);
         }
     }
 
@@ -146,22 +196,22 @@ impl State {
 /// of the grant stops with its last watched guard).
 pub struct HoldGuard {
     shared: Arc<Shared>,
-    slot: usize,
+    lease: Arc<LeaseState>,
     entry_id: u64,
     grant_id: u64,
-    token: FencingToken,
-    lease: Arc<LeaseState>,
-    mode: LeaseMode,
-    /// A fixed guard's own deadline (send time + its lease - drift).
+    /// A fixed guard's own deadline (send time + its lease - drift); `None` for a watched one.
     until: Option<Instant>,
+    slot: u32,
     detached: bool,
+    /// Cleared by [`HoldGuard::release`], which did the drop's work already.
+    live: bool,
 }
 
 impl fmt::Debug for HoldGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HoldGuard")
-            .field("token", &self.token)
-            .field("mode", &self.mode)
+            .field("watched", &self.until.is_none())
+            .field("detached", &self.detached)
             .field("held", &self.is_held())
             .finish()
     }
@@ -190,62 +240,100 @@ impl HoldGuard {
         self.lease.lost_by(self.until).await
     }
 
-    /// The token of the grant this guard belongs to.
-    pub fn token(&self) -> FencingToken {
-        self.token
-    }
-
-    /// The guard's lease mode.
-    pub fn mode(&self) -> LeaseMode {
-        self.mode
-    }
-
     /// Whether the guard was detached from its task.
     pub fn is_detached(&self) -> bool {
         self.detached
+    }
+
+    /// Takes this guard out of the table as its release is about to be sent, and registers
+    /// that release (see [`ReleaseTicket`]), in one step.
+    ///
+    /// Also says whether the guard's grant was still the hold's current one: when it is not, a
+    /// later grant of the same owner exists, and the release must name its grant's token so
+    /// that it cannot release that later grant.
+    pub fn release(mut self, hold: &HoldId) -> (ReleaseTicket, bool) {
+        let shared = self.shared.clone();
+        let mut state = shared.state.lock();
+        let current = state
+            .entries
+            .get(self.slot as usize)
+            .filter(|e| e.id == self.entry_id)
+            .and_then(|e| e.grant.as_ref())
+            .is_some_and(|g| g.id == self.grant_id && !g.lease.is_marked_lost());
+        let entry_id = self.leave(&mut state, false);
+        let slot = match entry_id {
+            Some(_) => self.slot as usize,
+            None => state.entry(hold),
+        };
+        let entry = &mut state.entries[slot];
+        entry.releasing += 1;
+        let entry_id = entry.id;
+        self.live = false;
+        drop(state);
+        shared.releases.fetch_add(1, Ordering::SeqCst);
+        let ticket = ReleaseTicket {
+            shared,
+            hold: hold.clone(),
+            slot,
+            entry_id,
+        };
+        (ticket, current)
+    }
+
+    /// Takes this guard's share out of its entry; returns the entry's id if it is still there.
+    /// `tidy`: drop the entry when nothing is left in it.
+    fn leave(&mut self, state: &mut State, tidy: bool) -> Option<u64> {
+        let slot = self.slot as usize;
+        let entry = state
+            .entries
+            .get_mut(slot)
+            .filter(|e| e.id == self.entry_id)?;
+        if self.detached {
+            entry.detached -= 1;
+            self.shared.detached.fetch_sub(1, Ordering::SeqCst);
+            if entry.detached == 0 {
+                if let Some(notify) = entry.extra.as_mut().and_then(|x| x.reattached.take()) {
+                    notify.notify_waiters();
+                }
+            }
+        }
+        let entry_id = entry.id;
+        let mut ended = false;
+        if let Some(grant) = entry.grant.as_mut().filter(|g| g.id == self.grant_id) {
+            match self.until {
+                None => {
+                    grant.watched -= 1;
+                    if grant.watched == 0 {
+                        if let Some(due) = grant.due.take() {
+                            state.due.remove(&(due, slot));
+                        }
+                    }
+                }
+                Some(_) => grant.fixed -= 1,
+            }
+            ended = state.entries[slot]
+                .grant
+                .as_ref()
+                .is_some_and(|g| g.watched == 0 && g.fixed == 0);
+        }
+        if ended {
+            state.end_grant(slot);
+        }
+        if tidy {
+            state.tidy(slot);
+        }
+        Some(entry_id)
     }
 }
 
 impl Drop for HoldGuard {
     fn drop(&mut self) {
-        let mut state = self.shared.state.lock();
-        let state = &mut *state;
-        let Some(entry) = state
-            .entries
-            .get_mut(self.slot)
-            .filter(|e| e.id == self.entry_id)
-        else {
+        if !self.live {
             return;
-        };
-        if self.detached {
-            entry.detached -= 1;
-            if entry.detached == 0 {
-                if let Some(notify) = entry.reattached.take() {
-                    notify.notify_waiters();
-                }
-            }
         }
-        let mut unwatched = false;
-        let mut ended = false;
-        if let Some(grant) = entry.grant.as_mut().filter(|g| g.id == self.grant_id) {
-            match self.mode {
-                LeaseMode::Watched => {
-                    grant.watched -= 1;
-                    unwatched = grant.watched == 0;
-                }
-                LeaseMode::Fixed(_) => grant.fixed -= 1,
-            }
-            ended = grant.watched == 0 && grant.fixed == 0;
-            if unwatched {
-                if let Some(due) = grant.due.take() {
-                    state.due.remove(&(due, self.slot));
-                }
-            }
-        }
-        if ended {
-            state.end_grant(self.slot);
-        }
-        state.tidy(self.slot);
+        let shared = self.shared.clone();
+        let mut state = shared.state.lock();
+        self.leave(&mut state, true);
     }
 }
 
@@ -254,6 +342,7 @@ impl Drop for HoldGuard {
 pub struct ReleaseTicket {
     shared: Arc<Shared>,
     hold: HoldId,
+    slot: usize,
     entry_id: u64,
 }
 
@@ -267,17 +356,19 @@ impl fmt::Debug for ReleaseTicket {
 
 impl Drop for ReleaseTicket {
     fn drop(&mut self) {
+        self.shared.releases.fetch_sub(1, Ordering::SeqCst);
         let mut state = self.shared.state.lock();
-        let Some(&slot) = state.index.get(&self.hold) else {
+        let slot = self.slot;
+        let Some(entry) = state
+            .entries
+            .get_mut(slot)
+            .filter(|e| e.id == self.entry_id)
+        else {
             return;
         };
-        let entry = &mut state.entries[slot];
-        if entry.id != self.entry_id {
-            return;
-        }
         entry.releasing -= 1;
         if entry.releasing == 0 {
-            if let Some(notify) = entry.released.take() {
+            if let Some(notify) = entry.extra.as_mut().and_then(|x| x.released.take()) {
                 notify.notify_waiters();
             }
         }
@@ -292,9 +383,11 @@ impl Watchdog {
         let slot = state.entry(hold);
         let entry = &mut state.entries[slot];
         entry.releasing += 1;
+        self.shared.releases.fetch_add(1, Ordering::SeqCst);
         ReleaseTicket {
             shared: self.shared.clone(),
             hold: hold.clone(),
+            slot,
             entry_id: entry.id,
         }
     }
@@ -362,38 +455,60 @@ impl Watchdog {
         }
         HoldGuard {
             shared: self.shared.clone(),
-            slot,
+            lease: grant_lease,
             entry_id,
             grant_id,
-            token,
-            lease: grant_lease,
-            mode,
             until: match mode {
                 LeaseMode::Watched => None,
                 LeaseMode::Fixed(_) => Some(valid_until),
             },
+            slot: slot as u32,
             detached: false,
+            live: true,
+        }
+    }
+
+    /// What an acquire of `hold` must know first, in one look at the table: the grant the
+    /// client holds (a re-entry), whether a detached guard of it lives elsewhere, and whether
+    /// releases or settles of it are in flight (the acquire must wait for them).
+    pub fn prepare(&self, hold: &HoldId) -> Prepared {
+        let state = self.shared.state.lock();
+        let Some(slot) = state.find(hold) else {
+            return Prepared::default();
+        };
+        let entry = &state.entries[slot];
+        Prepared {
+            grant: entry
+                .grant
+                .as_ref()
+                .filter(|g| !g.lease.is_marked_lost())
+                .map(|g| HeldGrant {
+                    token: g.token,
+                    guards: u64::from(g.watched + g.fixed),
+                }),
+            detached: entry.detached > 0,
+            unsettled: entry.releasing > 0 || entry.settling().is_some(),
         }
     }
 
     /// The grant the client holds for `hold`, if any (a lost grant counts as none).
     pub fn grant_of(&self, hold: &HoldId) -> Option<HeldGrant> {
         let state = self.shared.state.lock();
-        let slot = *state.index.get(hold)?;
+        let slot = state.find(hold)?;
         let grant = state.entries[slot].grant.as_ref()?;
         if grant.lease.is_marked_lost() {
             return None;
         }
         Some(HeldGrant {
             token: grant.token,
-            guards: (grant.watched + grant.fixed) as u64,
+            guards: u64::from(grant.watched + grant.fixed),
         })
     }
 
     /// Marks the grant `token` of `hold` lost: an acquire found it gone from Redis.
     pub fn lose(&self, hold: &HoldId, token: FencingToken) {
         let mut state = self.shared.state.lock();
-        let Some(&slot) = state.index.get(hold) else {
+        let Some(slot) = state.find(hold) else {
             return;
         };
         if state.entries[slot]
@@ -417,11 +532,12 @@ impl Watchdog {
         let mut state = self.shared.state.lock();
         if let Some(entry) = state
             .entries
-            .get_mut(guard.slot)
+            .get_mut(guard.slot as usize)
             .filter(|e| e.id == guard.entry_id)
         {
             entry.detached += 1;
             guard.detached = true;
+            self.shared.detached.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -434,7 +550,7 @@ impl Watchdog {
         loop {
             let notify = {
                 let mut state = self.shared.state.lock();
-                let Some(&slot) = state.index.get(hold) else {
+                let Some(slot) = state.find(hold) else {
                     return true;
                 };
                 let entry = &mut state.entries[slot];
@@ -442,6 +558,7 @@ impl Watchdog {
                     return true;
                 }
                 entry
+                    .extra()
                     .reattached
                     .get_or_insert_with(Default::default)
                     .clone()
@@ -466,9 +583,8 @@ impl Watchdog {
     fn detached_guards(&self, hold: &HoldId) -> usize {
         let state = self.shared.state.lock();
         state
-            .index
-            .get(hold)
-            .map_or(0, |&slot| state.entries[slot].detached)
+            .find(hold)
+            .map_or(0, |slot| state.entries[slot].detached as usize)
     }
 
     /// Runs `work` (a repair of an unanswered command of `hold`) in the background, after the
@@ -481,7 +597,8 @@ impl Watchdog {
         let mut state = self.shared.state.lock();
         let slot = state.entry(hold);
         let generation = state.next_id();
-        let previous = state.entries[slot].settling.take().map(|(_, s)| s);
+        let previous = state.entries[slot].extra().settling.take().map(|(_, s)| s);
+        self.shared.settles.fetch_add(1, Ordering::SeqCst);
         let shared = Arc::downgrade(&self.shared);
         let (entry_id, hold_key) = (state.entries[slot].id, hold.clone());
         let settle: Settle = async move {
@@ -490,16 +607,19 @@ impl Watchdog {
             }
             work.await;
             if let Some(shared) = shared.upgrade() {
+                shared.settles.fetch_sub(1, Ordering::SeqCst);
                 let mut state = shared.state.lock();
-                if let Some(&slot) = state.index.get(&hold_key) {
+                if let Some(slot) = state.find(&hold_key) {
                     let entry = &mut state.entries[slot];
-                    if entry.id == entry_id
-                        && entry
+                    let same_entry = entry.id == entry_id;
+                    let extra = entry.extra();
+                    if same_entry
+                        && extra
                             .settling
                             .as_ref()
                             .is_some_and(|(g, _)| *g == generation)
                     {
-                        entry.settling = None;
+                        extra.settling = None;
                         state.tidy(slot);
                     }
                 }
@@ -507,7 +627,7 @@ impl Watchdog {
         }
         .boxed()
         .shared();
-        state.entries[slot].settling = Some((generation, settle.clone()));
+        state.entries[slot].extra().settling = Some((generation, settle.clone()));
         drop(state);
         runtime.spawn(settle);
     }
@@ -525,18 +645,34 @@ impl Watchdog {
         self.quiet(hold, within, false).await
     }
 
+    /// Whether nothing is in flight for any hold: then [`Watchdog::settled`] and
+    /// [`Watchdog::repaired`] would return at once, and the caller need not build their
+    /// futures (this is the hot path of every acquire and release).
+    pub fn is_quiet(&self, releases_too: bool) -> bool {
+        self.shared.settles.load(Ordering::SeqCst) == 0
+            && (!releases_too || self.shared.releases.load(Ordering::SeqCst) == 0)
+    }
+
     async fn quiet(&self, hold: &HoldId, within: Duration, releases_too: bool) -> bool {
+        if self.is_quiet(releases_too) {
+            return true; // nothing in flight anywhere: no table look
+        }
         let deadline = Instant::now() + within;
         loop {
             let (settle, released) = {
                 let mut state = self.shared.state.lock();
-                let Some(&slot) = state.index.get(hold) else {
+                let Some(slot) = state.find(hold) else {
                     return true;
                 };
                 let entry = &mut state.entries[slot];
-                let settle = entry.settling.as_ref().map(|(_, s)| s.clone());
-                let released = (releases_too && entry.releasing > 0)
-                    .then(|| entry.released.get_or_insert_with(Default::default).clone());
+                let settle = entry.settling().cloned();
+                let released = (releases_too && entry.releasing > 0).then(|| {
+                    entry
+                        .extra()
+                        .released
+                        .get_or_insert_with(Default::default)
+                        .clone()
+                });
                 (settle, released)
             };
             match (settle, released) {
@@ -564,8 +700,7 @@ impl Watchdog {
     fn releases_in_flight(&self, hold: &HoldId) -> usize {
         let state = self.shared.state.lock();
         state
-            .index
-            .get(hold)
-            .map_or(0, |&slot| state.entries[slot].releasing)
+            .find(hold)
+            .map_or(0, |slot| state.entries[slot].releasing as usize)
     }
 }

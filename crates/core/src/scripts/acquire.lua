@@ -38,25 +38,38 @@ local mode = ARGV[3]
 local fresh = pttl == -2
 
 if not fresh then
-  local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
-  if fields.err then
-    if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+  if mode == 'r' then
+    local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
+    if fields.err then
+      if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
+        return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+      end
+      return fields
     end
-    return fields
-  end
-  if fields[1] then
-    if mode == 'r' and fields[2] == ARGV[4] then
+    if fields[1] and fields[2] == ARGV[4] then
       local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
       if pttl < tonumber(ARGV[2]) then
         redis.call('PEXPIRE', KEYS[1], ARGV[2])
       end
       return {count, fields[2]}
     end
-    fresh = true
-  elseif mode == 'w' and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[4]) == 1 then
-    -- A release reserved the lock for this waiter's client: it takes its turn.
-    fresh = true
+    -- Held by this owner under another grant: an orphan (replaced below).
+    fresh = fields[1] and true or false
+  else
+    -- HEXISTS, not HMGET: the busy path of every contended try; no reply table to build.
+    local held = redis.pcall('HEXISTS', KEYS[1], ARGV[1])
+    if type(held) == 'table' then
+      if string.sub(held.err, 1, 9) == 'WRONGTYPE' then
+        return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+      end
+      return held
+    end
+    if held == 1 then
+      fresh = true -- an orphan: replaced below
+    elseif mode == 'w' and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[4]) == 1 then
+      -- A release reserved the lock for this waiter's client: it takes its turn.
+      fresh = true
+    end
   end
 end
 

@@ -4,8 +4,9 @@
 -- KEYS[2]  turn queue  P:{N}:queue
 -- ARGV[1]  owner id
 -- ARGV[2]  release channel  P:{N}:released
--- ARGV[3]  the token of the grant the hold belongs to; '' when unknown (settling an acquire
---          whose reply never came: it may have made a new grant)
+-- ARGV[3]  the token of the grant the hold must belong to; '' for "the owner's grant": the
+--          client's hold table knows it is the current one (a release), or does not know it
+--          (settling an acquire whose reply never came: it may have made a new grant)
 -- ARGV[4]  absent for a release. To settle an unanswered command: the hold count the owner has
 --          if that command ran (an acquire) or did not run (a release); one hold is released
 --          only then.
@@ -25,15 +26,20 @@
 -- key. The message goes out before the delete: if the ACL refuses the channel, nothing is
 -- released.
 
-local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
-if fields.err then
-  if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
+local count = redis.pcall('HGET', KEYS[1], ARGV[1])
+if type(count) == 'table' then
+  if string.sub(count.err, 1, 9) == 'WRONGTYPE' then
     return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
   end
-  return fields
+  return count
 end
-local count = fields[1]
-if not count or (ARGV[3] ~= '' and fields[2] ~= ARGV[3]) then
+if not count then
+  return -1
+end
+-- The grant is checked only when the client asks: it sends the token when this hold's grant
+-- may have been replaced by a later grant of the same owner, and for settles. (The common
+-- release skips the second read.)
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '@FENCE@') ~= ARGV[3] then
   return -1
 end
 -- Counts are written by HSET '1' and HINCRBY, so they are canonical decimal text.

@@ -4,7 +4,8 @@
 -- KEYS[1]  lock hash  P:{N}
 -- ARGV[1]  owner id
 -- ARGV[2]  milliseconds until the lock ends
--- ARGV[3]  the token of the grant the hold belongs to
+-- ARGV[3]  the token of the grant the hold must belong to; '' when the client knows the owner's
+--          grant is that one
 -- ARGV[4]  absent normally; to settle an unanswered call: the hold count the owner has if it
 --          did not run. The call is applied only then.
 --
@@ -25,7 +26,7 @@ if fields.err then
   return fields
 end
 local count = fields[1]
-if not count or fields[2] ~= ARGV[3] then
+if not count or (ARGV[3] ~= '' and fields[2] ~= ARGV[3]) then
   return -1
 end
 if ARGV[4] and count ~= ARGV[4] then
