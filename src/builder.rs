@@ -23,7 +23,7 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client keeps a lock's release channel subscribed after its last waiter on that
 /// lock left (`LockClientBuilder::subscription_linger`).
-pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::ZERO;
+pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(2);
 
 /// Loads every script at connect, so the first lock does not pay a NOSCRIPT round trip
 /// (reloading on NOSCRIPT stays in place for restarts and SCRIPT FLUSH).

@@ -170,8 +170,8 @@ impl<'a> Wait<'a> {
         }
     }
 
-    /// Sleeps until a wake-up, `busy_for` from now, or the deadline.
-    pub(crate) async fn sleep(&mut self, busy_for: Option<Duration>) {
+    /// Sleeps until a wake-up, `busy_for` from now, or the deadline; true when woken.
+    pub(crate) async fn sleep(&mut self, busy_for: Option<Duration>) -> bool {
         // +1 ms: PTTL rounds down, and waking a hair early wastes a try. No bound known (a key
         // without TTL): look again every second.
         let busy_for = busy_for.map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1));
@@ -180,8 +180,8 @@ impl<'a> Wait<'a> {
             wake_at = wake_at.min(deadline);
         }
         tokio::select! {
-            _ = self.place().woken() => {}
-            _ = tokio::time::sleep_until(wake_at) => {}
+            _ = self.place().woken() => true,
+            _ = tokio::time::sleep_until(wake_at) => false,
         }
     }
 
@@ -245,15 +245,18 @@ pub(crate) async fn acquire<A: Attempt>(
         // The waiter before us just got the lock: no try can succeed now. Subscribed, wait
         // for its release; otherwise subscribe, and the first try queues this client.
         if wait.place().is_subscribed() {
-            wait.sleep(Some(busy_for)).await;
+            let _woken = wait.sleep(Some(busy_for)).await;
         } else {
             wait.register_interest().await?;
         }
     }
+    let grace = client.scripts.protocol.turn_grace;
     loop {
         // A try that starts at or after the deadline is the last one.
         let last = wait.expired();
         let waiter = wait.waiter();
+        // Messages received from here on are news to this try.
+        let epoch = wait.place().epoch();
         let budget = client.budget(deadline);
         match attempt.attempt(waiter, budget).await {
             Ok(Tried::Granted(grant)) => {
@@ -267,7 +270,20 @@ pub(crate) async fn acquire<A: Attempt>(
                     return Ok(None);
                 }
                 if waiter.is_some() {
-                    wait.sleep(busy_for).await;
+                    let woken = wait.sleep(busy_for).await;
+                    // A busy time within the grace is (usually) a turn reserved for another
+                    // client. Its taker announces the turn with its lease: then this waiter
+                    // sleeps on until that hold could end, without a try that would only learn
+                    // the same. With no such message (the reserved client is gone), the
+                    // reservation lapsed and the next try takes the lock.
+                    if !woken && busy_for.is_some_and(|t| t <= grace) && !wait.expired() {
+                        if let Some(until) = wait.place().taken_since(epoch) {
+                            let rest = until.saturating_duration_since(Instant::now());
+                            if !rest.is_zero() {
+                                wait.sleep(Some(rest)).await;
+                            }
+                        }
+                    }
                 } else {
                     // A release published before the subscription reached nobody, so the lock
                     // is tried again (as a waiter) at once when it is active.

@@ -57,11 +57,13 @@ async fn twenty_clients_exactly_one_wins() {
             (client, guard.map(|g| g.detach()))
         }));
     }
-    let mut won = 0;
+    // Every result is kept until all tasks are done: a winner's guard dropped early would free
+    // the lock for a task whose try had not run yet (a race in the test, not the lock).
+    let mut results = Vec::new();
     for task in tasks {
-        let (_client, guard) = task.await.unwrap();
-        won += guard.is_some() as usize;
+        results.push(task.await.unwrap());
     }
+    let won = results.iter().filter(|(_, guard)| guard.is_some()).count();
     assert_eq!(won, 1);
 }
 

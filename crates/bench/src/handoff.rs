@@ -1,6 +1,10 @@
-//! Contended handoff: W workers over 4 clients take one lock in turn, hold it ~1 ms, release,
-//! and ask again at once. Compared with two polling locks written here: SET NX PX + a fixed
-//! sleep of 100 ms (redis-py's Lock default) and of 10 ms (npm redis-semaphore).
+//! Contended handoff: W workers take one lock in turn, hold it ~1 ms, release, and ask again at
+//! once. Compared with two polling locks written here: SET NX PX + a fixed sleep of 100 ms
+//! (redis-py's Lock default) and of 10 ms (npm redis-semaphore).
+//!
+//! Two layouts ([`Layout`]): `handoff` spreads the workers over 4 clients (several waiters per
+//! client), `handoff_per_process` gives each worker a client of its own, as when every pod or
+//! worker process runs one `LockClient` and one waiter: the common deployment.
 //!
 //! Pollers look good on the gap median because the releaser grabs the lock straight back while
 //! the others sleep; that is why workers served and the longest wait are reported.
@@ -20,7 +24,6 @@ use tokio::time::Instant;
 
 use crate::redis_stats::{Admin, LEASEHOLD_COMMANDS, POLLING_COMMANDS};
 
-const CLIENTS: usize = 4;
 const HOLD: Duration = Duration::from_millis(1);
 const NAME: &str = "bench:handoff";
 
@@ -30,6 +33,33 @@ const NAME: &str = "bench:handoff";
 /// a ZREM leaving the queue) is not a per-acquisition cost.
 fn warm_up(duration: Duration) -> Duration {
     (duration / 10).min(Duration::from_secs(1))
+}
+
+/// How the workers are spread over clients, and how they hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// 4 clients, workers round-robin over them; the hold is a tokio sleep.
+    Shared,
+    /// One client per worker; the hold is a 1 ms sleep on the blocking pool (tokio's timer
+    /// rounds a 1 ms sleep up to about 2 ms, which would hide the handoff's own cost).
+    PerProcess,
+}
+
+impl Layout {
+    fn clients(self, waiters: usize) -> usize {
+        match self {
+            Layout::Shared => 4,
+            Layout::PerProcess => waiters,
+        }
+    }
+}
+
+async fn hold(layout: Layout) -> anyhow::Result<()> {
+    match layout {
+        Layout::Shared => tokio::time::sleep(HOLD).await,
+        Layout::PerProcess => tokio::task::spawn_blocking(|| std::thread::sleep(HOLD)).await?,
+    }
+    Ok(())
 }
 
 /// Which lock the workers use.
@@ -71,6 +101,7 @@ pub(crate) async fn run(
     url: &str,
     admin: &Admin,
     kind: Kind,
+    layout: Layout,
     waiters: usize,
     duration: Duration,
 ) -> anyhow::Result<Handoff> {
@@ -79,7 +110,7 @@ pub(crate) async fn run(
         ..Record::default()
     }));
     let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
+    for _ in 0..layout.clients(waiters) {
         clients.push(LockClient::connect(url).await?);
     }
     let release = Script::from_lua(
@@ -97,14 +128,14 @@ pub(crate) async fn run(
     let end = started + duration;
     let mut handles = Vec::new();
     for worker in 0..waiters {
-        let client = clients[worker % CLIENTS].clone();
+        let client = clients[worker % clients.len()].clone();
         let record = record.clone();
         let release = release.clone();
         handles.push(tokio::spawn(async move {
             match kind {
-                Kind::Leasehold => leasehold_worker(client, worker, end, record).await,
+                Kind::Leasehold => leasehold_worker(client, layout, worker, end, record).await,
                 Kind::Polling(sleep) => {
-                    polling_worker(client, worker, end, sleep, release, record).await
+                    polling_worker(client, layout, worker, end, sleep, release, record).await
                 }
             }
         }));
@@ -160,6 +191,7 @@ pub(crate) async fn run(
 
 async fn leasehold_worker(
     client: LockClient,
+    layout: Layout,
     worker: usize,
     end: Instant,
     record: Arc<Mutex<Record>>,
@@ -170,11 +202,18 @@ async fn leasehold_worker(
         if asked >= end {
             return Ok(());
         }
-        let guard = lock.try_lock_for(end - asked).await?;
+        let guard = match layout {
+            Layout::Shared => lock.try_lock_for(end - asked).await?,
+            // As a worker process would: an explicit lease, no watchdog.
+            Layout::PerProcess => {
+                lock.try_lock_for_with_lease(end - asked, Duration::from_secs(30))
+                    .await?
+            }
+        };
         let acquired = Instant::now();
         note_wait(&record, acquired - asked);
         let Some(guard) = guard else { return Ok(()) };
-        tokio::time::sleep(HOLD).await;
+        hold(layout).await?;
         guard.unlock().await?;
         note_hold(&record, worker, acquired, Instant::now());
     }
@@ -182,6 +221,7 @@ async fn leasehold_worker(
 
 async fn polling_worker(
     client: LockClient,
+    layout: Layout,
     worker: usize,
     end: Instant,
     sleep: Duration,
@@ -218,7 +258,7 @@ async fn polling_worker(
             return Ok(());
         };
         note_wait(&record, acquired - asked);
-        tokio::time::sleep(HOLD).await;
+        hold(layout).await?;
         let _: i64 = redis
             .evalsha(&**release.sha1(), NAME, token.as_str())
             .await?;

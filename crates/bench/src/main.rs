@@ -43,7 +43,7 @@ struct Args {
     /// Concurrent tasks in the uncontended scenario.
     #[arg(long, default_value_t = 64)]
     tasks: usize,
-    /// Waiters in the handoff scenario (spread over 4 clients).
+    /// Waiters in the handoff scenarios (spread over 4 clients; one client each per process).
     #[arg(long, default_value_t = 16)]
     waiters: usize,
     /// Holds kept by one client in the watchdog scenario.
@@ -52,7 +52,8 @@ struct Args {
     /// Do not pin redis-server and the benchmark to separate CPUs (see placement.rs).
     #[arg(long)]
     no_pin: bool,
-    /// Run only these scenarios (comma-separated: uncontended, handoff, crash, watchdog).
+    /// Run only these scenarios (comma-separated: uncontended, handoff, handoff_per_process,
+    /// crash, watchdog).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(subcommand)]
@@ -148,15 +149,22 @@ fn main() -> anyhow::Result<()> {
             results.uncontended_sequential =
                 Some(uncontended::run(&url, 1, plan.uncontended, GLOBAL, &admin).await?);
         }
-        if wanted("handoff") {
+        for (scenario, layout) in [
+            ("handoff", handoff::Layout::Shared),
+            ("handoff_per_process", handoff::Layout::PerProcess),
+        ] {
+            if !wanted(scenario) {
+                continue;
+            }
             for kind in [
                 handoff::Kind::Leasehold,
                 handoff::Kind::Polling(Duration::from_millis(100)),
                 handoff::Kind::Polling(Duration::from_millis(10)),
             ] {
                 admin.flush().await?;
-                let run = handoff::run(&url, &admin, kind, args.waiters, plan.handoff).await?;
-                results.set_handoff(kind, run);
+                let run =
+                    handoff::run(&url, &admin, kind, layout, args.waiters, plan.handoff).await?;
+                results.set_handoff(kind, layout, run);
             }
         }
         if wanted("crash") {

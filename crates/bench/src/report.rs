@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use crate::crash::CrashRecovery;
-use crate::handoff::{Handoff, Kind};
+use crate::handoff::{Handoff, Kind, Layout};
 use crate::placement::Placement;
 use crate::uncontended::Uncontended;
 use crate::watchdog::WatchdogRun;
@@ -15,17 +15,28 @@ pub(crate) struct Results {
     pub(crate) handoff: Option<Handoff>,
     pub(crate) handoff_polling_100ms: Option<Handoff>,
     pub(crate) handoff_polling_10ms: Option<Handoff>,
+    pub(crate) handoff_per_process: Option<Handoff>,
+    pub(crate) handoff_per_process_polling_100ms: Option<Handoff>,
+    pub(crate) handoff_per_process_polling_10ms: Option<Handoff>,
     pub(crate) crash_recovery: Option<CrashRecovery>,
     pub(crate) watchdog: Option<WatchdogRun>,
 }
 
 impl Results {
-    pub(crate) fn set_handoff(&mut self, kind: Kind, run: Handoff) {
-        match kind {
-            Kind::Leasehold => self.handoff = Some(run),
-            Kind::Polling(d) if d.as_millis() >= 100 => self.handoff_polling_100ms = Some(run),
-            Kind::Polling(_) => self.handoff_polling_10ms = Some(run),
-        }
+    pub(crate) fn set_handoff(&mut self, kind: Kind, layout: Layout, run: Handoff) {
+        let slot = match (layout, kind) {
+            (Layout::Shared, Kind::Leasehold) => &mut self.handoff,
+            (Layout::Shared, Kind::Polling(d)) if d.as_millis() >= 100 => {
+                &mut self.handoff_polling_100ms
+            }
+            (Layout::Shared, Kind::Polling(_)) => &mut self.handoff_polling_10ms,
+            (Layout::PerProcess, Kind::Leasehold) => &mut self.handoff_per_process,
+            (Layout::PerProcess, Kind::Polling(d)) if d.as_millis() >= 100 => {
+                &mut self.handoff_per_process_polling_100ms
+            }
+            (Layout::PerProcess, Kind::Polling(_)) => &mut self.handoff_per_process_polling_10ms,
+        };
+        *slot = Some(run);
     }
 
     pub(crate) fn to_json(&self) -> Value {
@@ -35,6 +46,9 @@ impl Results {
             "handoff": self.handoff,
             "handoff_polling_100ms": self.handoff_polling_100ms,
             "handoff_polling_10ms": self.handoff_polling_10ms,
+            "handoff_per_process": self.handoff_per_process,
+            "handoff_per_process_polling_100ms": self.handoff_per_process_polling_100ms,
+            "handoff_per_process_polling_10ms": self.handoff_per_process_polling_10ms,
             "crash_recovery": self.crash_recovery,
             "watchdog": self.watchdog,
         })
@@ -71,17 +85,26 @@ pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement)
         ("handoff (leasehold)", &results.handoff),
         ("handoff_polling_100ms", &results.handoff_polling_100ms),
         ("handoff_polling_10ms", &results.handoff_polling_10ms),
+        ("per_process (leasehold)", &results.handoff_per_process),
+        (
+            "per_process_polling_100ms",
+            &results.handoff_per_process_polling_100ms,
+        ),
+        (
+            "per_process_polling_10ms",
+            &results.handoff_per_process_polling_10ms,
+        ),
     ];
     if handoffs.iter().any(|(_, h)| h.is_some()) {
         println!(
-            "{:<24} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>11}",
+            "{:<26} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>11}",
             "", "acq", "acq/s", "gap p50", "gap p99", "rt/acq", "served", "max wait"
         );
     }
     for (label, run) in handoffs {
         if let Some(h) = run {
             println!(
-                "{label:<24} {:>7} {:>8.0} {:>7}us {:>7}us {:>10.2} {:>4}/{:<2} {:>9.1}ms",
+                "{label:<26} {:>7} {:>8.0} {:>7}us {:>7}us {:>10.2} {:>4}/{:<2} {:>9.1}ms",
                 h.acquisitions,
                 h.acq_per_sec,
                 h.gap_p50_us,

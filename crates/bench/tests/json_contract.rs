@@ -71,6 +71,9 @@ fn quick_run_writes_the_json_contract() {
         "handoff",
         "handoff_polling_100ms",
         "handoff_polling_10ms",
+        "handoff_per_process",
+        "handoff_per_process_polling_100ms",
+        "handoff_per_process_polling_10ms",
         "crash_recovery",
         "watchdog",
     ]
@@ -82,6 +85,9 @@ fn quick_run_writes_the_json_contract() {
         ("handoff", HANDOFF),
         ("handoff_polling_100ms", HANDOFF),
         ("handoff_polling_10ms", HANDOFF),
+        ("handoff_per_process", HANDOFF),
+        ("handoff_per_process_polling_100ms", HANDOFF),
+        ("handoff_per_process_polling_10ms", HANDOFF),
         ("crash_recovery", CRASH),
         ("watchdog", WATCHDOG),
     ] {
@@ -96,7 +102,14 @@ fn quick_run_writes_the_json_contract() {
         let ratio = 2.0 * number(u, "pairs_per_sec") / number(u, "baseline_calls_per_sec");
         assert!((number(u, "ratio_to_limit") - ratio).abs() < 1e-9, "{u}");
     }
-    for section in ["handoff", "handoff_polling_100ms", "handoff_polling_10ms"] {
+    for section in [
+        "handoff",
+        "handoff_polling_100ms",
+        "handoff_polling_10ms",
+        "handoff_per_process",
+        "handoff_per_process_polling_100ms",
+        "handoff_per_process_polling_10ms",
+    ] {
         let h = &results[section];
         assert!(number(h, "acquisitions") > 0.0, "{h}");
         assert!(number(h, "workers_served") <= number(h, "waiters"), "{h}");

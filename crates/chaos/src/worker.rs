@@ -167,11 +167,10 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     // too. Wait (bounded) until nothing is registered locally any more.
     let settle = Instant::now() + Duration::from_secs(10);
     let counts = || {
-        (
-            ctx.client.waiters(),
-            ctx.client.subscribed_channels(),
-            ctx.client.watchdog_stats().holds,
-        )
+        (ctx.client.waiters(), ctx.client.subscribed_channels(), {
+            let stats = ctx.client.watchdog_stats();
+            stats.holds + stats.fixed
+        })
     };
     while counts() != (0, 0, 0) && Instant::now() < settle {
         sleep(Duration::from_millis(10)).await;

@@ -20,8 +20,10 @@ pub const EXPIRING_FIELD: &str = "~expiring";
 /// of each subscribed client wakes (`@FREE@`).
 pub const FREE_PAYLOAD: &str = "*";
 
-/// Payload published when a queued client took its turn (`@TAKEN@`): other clients stop their
-/// standby timers.
+/// Prefix of the payload published when a queued client took its turn (`@TAKEN@`), followed by
+/// the new hold's lease in milliseconds (`-30000`): other clients stop their standby timers, and
+/// a waiter that found the lock reserved for that turn learns how long it is now held at most,
+/// without asking again.
 pub const TAKEN_PAYLOAD: &str = "-";
 
 /// How long a released lock stays reserved for the client whose turn it is, by default, and how
@@ -35,8 +37,8 @@ pub const DEFAULT_TURN_GRACE: Duration = Duration::from_millis(25);
 pub enum Message<'a> {
     /// The lock is free (nobody was queued, or it was force-unlocked or settled).
     Free,
-    /// A queued client took its turn.
-    Taken,
+    /// A queued client took its turn; the new hold's lease, when the payload carries it.
+    Taken(Option<Duration>),
     /// The lock is reserved for this client's turn (a client id).
     Turn(&'a str),
 }
@@ -44,19 +46,25 @@ pub enum Message<'a> {
 impl<'a> Message<'a> {
     /// Reads a payload. Anything that is not one of the two markers names a client.
     pub fn parse(payload: &'a str) -> Message<'a> {
-        match payload {
-            FREE_PAYLOAD => Message::Free,
-            TAKEN_PAYLOAD => Message::Taken,
-            client => Message::Turn(client),
+        if payload == FREE_PAYLOAD {
+            return Message::Free;
         }
+        // Client ids are hex uuids: they never start with the marker.
+        if let Some(lease) = payload.strip_prefix(TAKEN_PAYLOAD) {
+            return Message::Taken(lease.parse().ok().map(Duration::from_millis));
+        }
+        Message::Turn(payload)
     }
 
     /// The payload as published.
-    pub fn payload(self) -> &'a str {
+    pub fn payload(self) -> String {
         match self {
-            Message::Free => FREE_PAYLOAD,
-            Message::Taken => TAKEN_PAYLOAD,
-            Message::Turn(client) => client,
+            Message::Free => FREE_PAYLOAD.to_string(),
+            Message::Taken(lease) => format!(
+                "{TAKEN_PAYLOAD}{}",
+                lease.map_or_else(String::new, |l| l.as_millis().to_string())
+            ),
+            Message::Turn(client) => client.to_string(),
         }
     }
 }
@@ -83,8 +91,13 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        for message in [Message::Free, Message::Taken, Message::Turn("c0ffee")] {
-            assert_eq!(Message::parse(message.payload()), message);
+        for message in [
+            Message::Free,
+            Message::Taken(Some(Duration::from_secs(30))),
+            Message::Taken(None),
+            Message::Turn("c0ffee"),
+        ] {
+            assert_eq!(Message::parse(&message.payload()), message);
         }
     }
 }

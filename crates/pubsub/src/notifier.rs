@@ -40,7 +40,14 @@ pub(crate) struct Channel {
     /// Serializes SUBSCRIBE/UNSUBSCRIBE of this channel; the bool is what Redis was last told.
     redis_state: tokio::sync::Mutex<bool>,
     /// Bumped by every message; a standby wake-up fires only if no message came after it.
-    epoch: AtomicU64,
+    pub(crate) epoch: AtomicU64,
+    /// The last "turn taken" message with a lease: its epoch, and until when the turn-taker's
+    /// hold lasts at most.
+    pub(crate) taken: Mutex<Option<(u64, tokio::time::Instant)>>,
+    /// The pending standby: the epoch of the latest "another client's turn" message and when
+    /// to give up on that client; served by one `stand_by` task at a time.
+    standby: Mutex<Option<(u64, tokio::time::Instant)>>,
+    standby_running: AtomicBool,
     /// Bumped whenever the queue empties or a waiter joins: a lingering unsubscribe proceeds
     /// only if nothing happened since it was planned.
     idle: AtomicU64,
@@ -138,6 +145,9 @@ impl ReleaseNotifier {
                         subscribed: AtomicBool::new(false),
                         redis_state: tokio::sync::Mutex::new(false),
                         epoch: AtomicU64::new(0),
+                        taken: Mutex::new(None),
+                        standby: Mutex::new(None),
+                        standby_running: AtomicBool::new(false),
                         idle: AtomicU64::new(0),
                     })
                 })
@@ -416,7 +426,11 @@ async fn resubscribe(inner: Weak<Inner>) {
 fn on_message(inner: &Inner, channel: &Arc<Channel>, message: Message<'_>) {
     let epoch = channel.epoch.fetch_add(1, Ordering::SeqCst) + 1;
     match message {
-        Message::Taken => {}
+        Message::Taken(lease) => {
+            if let Some(lease) = lease {
+                *channel.taken.lock() = Some((epoch, tokio::time::Instant::now() + lease));
+            }
+        }
         Message::Free => channel.queue.lock().wake_head(),
         Message::Turn(client) if client == inner.settings.client_id => {
             channel.queue.lock().wake_head()
@@ -425,15 +439,43 @@ fn on_message(inner: &Inner, channel: &Arc<Channel>, message: Message<'_>) {
             if channel.queue.lock().cells.is_empty() {
                 return; // lingering: nobody here waits
             }
-            let channel = channel.clone();
             // A hair past the reservation, so the try finds it expired.
-            let standby = inner.settings.turn_grace + Duration::from_millis(2);
-            tokio::spawn(async move {
-                tokio::time::sleep(standby).await;
-                if channel.epoch.load(Ordering::SeqCst) == epoch {
-                    channel.queue.lock().wake_head();
-                }
-            });
+            let until =
+                tokio::time::Instant::now() + inner.settings.turn_grace + Duration::from_millis(2);
+            *channel.standby.lock() = Some((epoch, until));
+            // One standby task per channel at a time: a handoff every millisecond would
+            // otherwise spawn a task and a timer per message in every client.
+            if !channel.standby_running.swap(true, Ordering::SeqCst) {
+                tokio::spawn(stand_by(channel.clone()));
+            }
+        }
+    }
+}
+
+/// The standby of a channel: when the latest "another client's turn" message is followed by no
+/// other message within the turn grace, that client did not take its turn (it crashed, or its
+/// waiter left), and the head here tries itself. Runs while such a message is pending.
+async fn stand_by(channel: Arc<Channel>) {
+    loop {
+        let Some((epoch, until)) = *channel.standby.lock() else {
+            channel.standby_running.store(false, Ordering::SeqCst);
+            // A message may have set a standby between the read and the store: keep going.
+            if channel.standby.lock().is_some()
+                && !channel.standby_running.swap(true, Ordering::SeqCst)
+            {
+                continue;
+            }
+            return;
+        };
+        tokio::time::sleep_until(until).await;
+        let mut standby = channel.standby.lock();
+        if *standby != Some((epoch, until)) {
+            continue; // a later turn message moved it
+        }
+        *standby = None;
+        drop(standby);
+        if channel.epoch.load(Ordering::SeqCst) == epoch {
+            channel.queue.lock().wake_head();
         }
     }
 }

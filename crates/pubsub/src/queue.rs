@@ -102,6 +102,23 @@ impl Place {
         self.cell.notify.notified().await
     }
 
+    /// How many messages this client has received on the channel so far: read before a try,
+    /// it dates what [`Place::taken_since`] reports.
+    pub fn epoch(&self) -> u64 {
+        self.channel.epoch.load(Ordering::SeqCst)
+    }
+
+    /// If a queued client took its turn after `epoch` (a "taken" message carrying its lease):
+    /// the instant until which that hold lasts at most. A waiter that found the lock reserved
+    /// for that turn then knows how long to sleep without asking Redis again.
+    pub fn taken_since(&self, epoch: u64) -> Option<tokio::time::Instant> {
+        self.channel
+            .taken
+            .lock()
+            .filter(|(at, _)| *at > epoch)
+            .map(|(_, until)| until)
+    }
+
     /// Whether Redis has this channel's subscription (as far as this client knows).
     pub fn is_subscribed(&self) -> bool {
         self.channel.is_subscribed()

@@ -102,8 +102,8 @@ if fresh then
   end
   if mode == 'w' then
     -- A waiter got the lock: its client leaves the queue, or goes to the back when it has
-    -- more waiters (scores are microseconds); the other clients hear the turn was taken and
-    -- stop their standby timers.
+    -- more waiters (scores are microseconds); the other clients hear the turn was taken (and
+    -- the new lease) and stop their standby timers.
     local queued
     if ARGV[5] == '1' then
       queued = redis.pcall('ZADD', KEYS[3], now, ARGV[4])
@@ -117,7 +117,7 @@ if fresh then
       return queued
     end
     if redis.call('EXISTS', KEYS[3]) == 1 then
-      redis.call('PUBLISH', ARGV[6], '@TAKEN@')
+      redis.call('PUBLISH', ARGV[6], '@TAKEN@' .. ARGV[2])
     end
   end
   if pttl ~= -2 then
