@@ -373,9 +373,9 @@ impl LockAttempt<'_> {
         let client = self.client;
         // An earlier unanswered command of this hold may have left a hold that this acquire
         // would re-enter; it is settled first, within the same budget. (Boxed: in the common
-        // case, nothing in flight, this future is never built.)
+        // case, nothing in flight for this hold, this future is never built.)
         let mut budget = budget;
-        if !client.holds.is_quiet(true) {
+        if !client.holds.is_settled(&self.hold) {
             let started = Instant::now();
             if !Box::pin(client.holds.settled(&self.hold, budget)).await {
                 return Err(LockError::Timeout);

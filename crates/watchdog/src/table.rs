@@ -653,6 +653,19 @@ impl Watchdog {
             && (!releases_too || self.shared.releases.load(Ordering::SeqCst) == 0)
     }
 
+    /// Whether nothing is in flight for `hold` (one table look, no waiting): the check before
+    /// [`Watchdog::settled`] when other holds have something in flight.
+    pub fn is_settled(&self, hold: &HoldId) -> bool {
+        if self.is_quiet(true) {
+            return true;
+        }
+        let state = self.shared.state.lock();
+        state.find(hold).is_none_or(|slot| {
+            let entry = &state.entries[slot];
+            entry.releasing == 0 && entry.settling().is_none()
+        })
+    }
+
     async fn quiet(&self, hold: &HoldId, within: Duration, releases_too: bool) -> bool {
         if self.is_quiet(releases_too) {
             return true; // nothing in flight anywhere: no table look
