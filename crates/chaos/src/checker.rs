@@ -81,7 +81,7 @@ use anyhow::Context;
 use crate::history::{
     read_client_histories, read_faults, ClientHistory, Event, Fault, FaultKind, Kind, ReleaseHow,
 };
-use crate::orchestrator::{Cleanup, RunConfig};
+use crate::run::{Cleanup, RunConfig};
 use crate::store::{Accepted, Refused, Store};
 use crate::worker::MAX_EXPLICIT_LEASE;
 use leasehold_core::protocol::DEFAULT_TURN_GRACE as TURN_GRACE;

@@ -37,6 +37,7 @@ mod clock;
 mod history;
 mod orchestrator;
 mod rng;
+mod run;
 mod store;
 mod trace;
 mod worker;
@@ -163,7 +164,7 @@ fn main() -> ExitCode {
             ignore_lease,
             tolerate_orphaned_reentry,
         } => {
-            let config = orchestrator::RunConfig {
+            let config = run::RunConfig {
                 duration,
                 clients: clients.max(1),
                 seed: seed.unwrap_or_else(|| clock::now_us() as u64),

@@ -11,13 +11,13 @@ use anyhow::{bail, Context};
 use leasehold_testkit::{ChildProcess, Proxy, RedisServer, RespValue};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
 use tokio::time::{sleep, Instant};
 
 use crate::checker;
 use crate::clock::now_us;
 use crate::history::{client_log_path, read_client_id, write_faults, Fault, FaultKind};
 use crate::rng::Rng;
+use crate::run::{Cleanup, RunConfig};
 use crate::store::Store;
 use crate::worker::{resource_name, DRAIN_DEADLINE, MAX_EXPLICIT_LEASE};
 
@@ -25,47 +25,6 @@ use crate::worker::{resource_name, DRAIN_DEADLINE, MAX_EXPLICIT_LEASE};
 pub const PREFIX: &str = "chaos";
 /// No fault starts in the last part of the run, so every fault has healed before the stop.
 const QUIET_TAIL: Duration = Duration::from_secs(2);
-
-/// The settings of a run.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RunConfig {
-    pub duration: Duration,
-    pub clients: u32,
-    pub seed: u64,
-    pub tasks: u32,
-    pub resources: u32,
-    /// Watchdog lease of the clients' watched holds.
-    pub lease: Duration,
-    pub command_timeout: Duration,
-    /// Self-test of the checker: clients claim to hold their lease whatever `is_held()` says
-    /// (a client that ignores lease loss), so the checker must report overlaps.
-    #[serde(default)]
-    pub ignore_lease: bool,
-    /// Report orphaned re-entries without failing the run (a known library bug, see
-    /// `checker::orphan_check`; the 20-second test sets this until it is fixed).
-    #[serde(default)]
-    pub tolerate_orphaned_reentry: bool,
-}
-
-/// What was left after the clients stopped (saved as `cleanup.json`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Cleanup {
-    /// Clients that died by themselves, never drained, or exited with an error.
-    pub crashed: Vec<String>,
-    /// Release channels still subscribed after every client drained (deadline passed).
-    pub channels_left: Vec<String>,
-    /// Keys other than the fencing counter right after the clients exited.
-    pub keys_at_exit: Vec<String>,
-    /// Of those, keys without a TTL: they would never go away.
-    pub keys_without_ttl: Vec<String>,
-    /// Keys other than the fencing counter still there after waiting for every TTL to run out.
-    pub keys_left: Vec<String>,
-    /// `P:{T}:fence`, the fencing counters of the slots used: kept by design (they keep tokens
-    /// increasing), not counted (at most one per resource).
-    pub fence_keys: usize,
-    /// How long those keys took to disappear.
-    pub expiry_wait_ms: u64,
-}
 
 /// Runs a whole experiment; returns whether the checker found no violation.
 pub fn main(config: RunConfig, out: Option<PathBuf>, keep: bool) -> anyhow::Result<bool> {

@@ -15,7 +15,7 @@ use anyhow::{bail, ensure};
 use leasehold::{FencingToken, LockClient};
 
 use super::events::{now_us, PodEvent};
-use super::pod::StartingLine;
+use super::starting_line::StartingLine;
 use super::store::{Store, StoreSpec};
 use super::{expect, say, start_three_pods, Ctx, STEP_TIMEOUT};
 

@@ -12,7 +12,7 @@ use anyhow::ensure;
 use leasehold::LockClient;
 
 use super::events::{now_us, PodEvent};
-use super::pod::StartingLine;
+use super::starting_line::StartingLine;
 use super::{expect, say, Ctx, STEP_TIMEOUT};
 
 /// The job's lock.

@@ -15,6 +15,7 @@ mod long_job;
 pub mod pod;
 mod pods;
 mod report;
+mod starting_line;
 mod store;
 
 use std::future::Future;

@@ -4,16 +4,14 @@
 //! exactly like a pod of a real service), plays its role, reports [`PodEvent`]s on stdout and
 //! exits. The roles live beside the scenario that drives them.
 
-use std::io::BufRead;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use leasehold::LockClient;
-use tokio::sync::Notify;
 
 use super::events::PodEvent;
+use super::starting_line::StartingLine;
 use super::store::StoreSpec;
 use super::{inventory, long_job, report};
 use crate::cli::{PodArgs, PodRole, StoreArgs};
@@ -94,46 +92,5 @@ fn spec(args: &StoreArgs) -> anyhow::Result<StoreSpec> {
             table: table.clone(),
         }),
         _ => anyhow::bail!("a shop pod needs --sqlite PATH or --pg-table TABLE"),
-    }
-}
-
-/// The starting line: the demo writes `go` on the pod's stdin to start it.
-///
-/// A thread reads stdin for the pod's whole life. End of input means the demo is gone (it
-/// holds the pipe open until the pod exits), and a pod with nobody watching has no reason to
-/// go on holding locks, so it exits at once.
-#[derive(Clone)]
-pub struct StartingLine {
-    go: Arc<Notify>,
-}
-
-impl StartingLine {
-    fn watch_stdin() -> StartingLine {
-        let go = Arc::new(Notify::new());
-        let signal = go.clone();
-        let spawned = std::thread::Builder::new()
-            .name("pod-stdin".into())
-            .spawn(move || {
-                for line in std::io::stdin().lock().lines() {
-                    match line {
-                        // notify_one keeps a permit if nobody waits yet: `go` is never lost.
-                        Ok(line) if line.trim() == "go" => signal.notify_one(),
-                        Ok(_) => {}
-                        Err(_) => break,
-                    }
-                }
-                std::process::exit(0);
-            });
-        if spawned.is_err() {
-            // Without the watcher the pod still works; it just cannot see the demo leave.
-            go.notify_one();
-        }
-        StartingLine { go }
-    }
-
-    /// Says `ready` and waits for `go`.
-    pub async fn ready_and_wait(&self) {
-        PodEvent::Ready.emit();
-        self.go.notified().await;
     }
 }

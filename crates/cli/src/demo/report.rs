@@ -11,8 +11,8 @@ use anyhow::ensure;
 use leasehold::LockClient;
 
 use super::events::PodEvent;
-use super::pod::StartingLine;
 use super::pods::Pods;
+use super::starting_line::StartingLine;
 use super::{expect, say, start_three_pods, Ctx, STEP_TIMEOUT};
 
 /// The report's lock.
