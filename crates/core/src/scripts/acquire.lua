@@ -32,6 +32,8 @@
 -- A hold of ARGV[1] that the client does not re-enter on purpose (mode other than 'r' with the
 -- grant's token) is an orphan: a grant whose reply the client never saw. It is replaced by a new
 -- grant with a new token, never re-entered: the client's hold count would not match Redis's.
+-- (The WRONGTYPE check after each pcall is written out where it is needed: a Lua helper
+-- function would be a closure created on every call of the script.)
 
 local pttl = redis.call('PTTL', KEYS[1])
 local mode = ARGV[3]

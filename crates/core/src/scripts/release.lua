@@ -25,6 +25,8 @@
 -- An exclusive lock's hash has one owner (besides its '@FENCE@'), so the last hold deletes the
 -- key. The message goes out before the delete: if the ACL refuses the channel, nothing is
 -- released.
+-- (The WRONGTYPE check after each pcall is written out where it is needed: a Lua helper
+-- function would be a closure created on every call of the script.)
 
 local count = redis.pcall('HGET', KEYS[1], ARGV[1])
 if type(count) == 'table' then

@@ -17,6 +17,8 @@
 --   -1              the owner holds nothing here under that token; nothing changed.
 --   -2              settling: the count differs; nothing changed.
 --   error 'WRONGTYPE 1 ...'  the key holds another type.
+-- (The WRONGTYPE check after each pcall is written out where it is needed: a Lua helper
+-- function would be a closure created on every call of the script.)
 
 local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
 if fields.err then
