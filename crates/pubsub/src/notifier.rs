@@ -73,6 +73,9 @@ pub(crate) struct Inner {
     /// as the answer to the next command that waits for one (our PING): one at a time, that is
     /// the PING that follows it.
     sending: tokio::sync::Mutex<()>,
+    /// Re-subscriptions after a reconnect, completed and failed (then retried).
+    resyncs: AtomicU64,
+    resync_failures: AtomicU64,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -121,6 +124,8 @@ impl ReleaseNotifier {
             connected: AtomicBool::new(false),
             connecting: Mutex::new(None),
             sending: tokio::sync::Mutex::new(()),
+            resyncs: AtomicU64::new(0),
+            resync_failures: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
         });
         // Receivers taken now, before any connection exists, so no announcement is missed.
@@ -188,6 +193,15 @@ impl ReleaseNotifier {
             .lock()
             .get(channel)
             .is_some_and(|c| c.is_subscribed())
+    }
+
+    /// Re-subscriptions after a reconnect: (completed, failed and retried). For monitoring and
+    /// tests: a failure that repeats means the subscriber connection cannot be trusted.
+    pub fn resyncs(&self) -> (u64, u64) {
+        (
+            self.inner.resyncs.load(Ordering::SeqCst),
+            self.inner.resync_failures.load(Ordering::SeqCst),
+        )
     }
 
     /// Whether the subscriber connection was ever opened.
@@ -265,6 +279,9 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
             *in_redis = false;
             return Err(LockError::from_redis(error));
         }
+        // Marked while `sending` is still held: a resubscribe after a reconnect, which takes
+        // `sending` too, then counts this channel as wanted rather than stale.
+        channel.subscribed.store(true, Ordering::SeqCst);
     }
     channel.subscribed.store(true, Ordering::SeqCst);
     Ok(())
@@ -379,25 +396,34 @@ async fn resubscribe(inner: Weak<Inner>) {
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        let stale: Vec<String> = {
+        let subscriber = strong.subscriber.clone();
+        // Under `sending`: a SUBSCRIBE of ours in flight has finished (and marked its channel)
+        // before the lists below are made.
+        let sending = strong.sending.lock().await;
+        let (stale, wanted): (Vec<String>, Vec<String>) = {
             let map = strong.channels.lock();
-            strong
-                .subscriber
+            let stale = subscriber
                 .tracked_channels()
                 .into_iter()
                 .filter(|channel| !map.get(&**channel).is_some_and(|c| c.is_subscribed()))
                 .map(|channel| channel.to_string())
-                .collect()
+                .collect();
+            let wanted = map
+                .values()
+                .filter(|c| c.is_subscribed())
+                .map(|c| c.name.clone())
+                .collect();
+            (stale, wanted)
         };
-        let subscriber = strong.subscriber.clone();
-        let sending = strong.sending.lock().await;
         let result = async {
             if !stale.is_empty() {
                 subscriber.unsubscribe(stale).await?;
             }
-            // SUBSCRIBE without a channel is an error: nothing to do then.
-            if !subscriber.tracked_channels().is_empty() {
-                subscriber.resubscribe_all().await?;
+            // Our channels only, not fred's resubscribe_all: that also sends PSUBSCRIBE (and
+            // SSUBSCRIBE) without arguments, an error reply that would be taken as the PING's
+            // answer. SUBSCRIBE without a channel is an error too: nothing to send then.
+            if !wanted.is_empty() {
+                subscriber.subscribe(wanted).await?;
             }
             // Answered only after the SUBSCRIBEs ran (see subscribe_task).
             subscriber
@@ -409,8 +435,14 @@ async fn resubscribe(inner: Weak<Inner>) {
         drop(sending);
         wake_all(&strong);
         match result {
-            Ok(()) => return,
-            Err(error) => tracing::warn!(%error, "resubscribe after reconnect failed; retrying"),
+            Ok(()) => {
+                strong.resyncs.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            Err(error) => {
+                strong.resync_failures.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(%error, "resubscribe after reconnect failed; retrying");
+            }
         }
         drop(strong);
         tokio::time::sleep(delay).await;
