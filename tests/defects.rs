@@ -91,7 +91,7 @@ fn set_user(redis: &RedisServer, name: &str, rule: &str) {
 /// A lock reserved for another client's turn that never takes it: the waiter must try again
 /// soon after the reservation lapses, not after its own lease.
 ///
-/// Fails today: the waiter's retry hits acquire.lua's reserved branch, which answers the
+/// Failed before the fix: the waiter's retry hits acquire.lua's reserved branch, which answers the
 /// waiter's own 20 s lease, so it sleeps until its 8 s deadline and acquires only at its last
 /// try (~8.0 s instead of ~1.5 s): "acquired after 8.0s".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +131,7 @@ async fn defect1_a_waiter_tries_again_soon_after_a_turn_reservation_lapses() {
 /// Within one client, waiters are served in order: a task that releases and asks again at once
 /// comes after the sibling task that was already waiting.
 ///
-/// Fails today (round 0): the release reserves the lock for this very client's turn, and the
+/// Failed before the fix (round 0): the release reserves the lock for this very client's turn, and the
 /// releaser's own new lock() takes that turn before the queued sibling: order
 /// ["A again", "B"] instead of ["B", "A again"].
 #[tokio::test]
@@ -193,7 +193,7 @@ async fn defect2_a_releaser_does_not_barge_ahead_of_its_own_clients_waiter() {
 /// A watched guard whose hold was force-unlocked stays lost even when the same owner takes a
 /// fresh grant, and the watchdog never extends that fresh grant's explicit lease.
 ///
-/// Fails today: g1's next renewal finds the owner in the hash (the new grant) and renews it:
+/// Failed before the fix: g1's next renewal finds the owner in the hash (the new grant) and renews it:
 /// `g1.is_held()` stays true and the 1500 ms explicit lease is pushed to the 3 s watched lease
 /// (max PTTL seen ~3000).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,7 +446,7 @@ async fn heal_and_reconnect(proxy: &Proxy, lock: &Lock) {
 /// `guard.unlock()` cancelled while its release is on the wire (and never reaches Redis): the
 /// owner's next acquire must not re-enter the orphaned hold.
 ///
-/// Fails today: nothing settles the cancelled release, so the same task's next acquire re-enters
+/// Failed before the fix: nothing settles the cancelled release, so the same task's next acquire re-enters
 /// the orphan at once: hold_count 2 (want 1); releasing it would leave the orphan held until
 /// its 30 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,7 +483,7 @@ async fn defect5_a_cancelled_unlock_leaves_no_hold_to_re_enter() {
 /// `guard.unlock_after(d)` cancelled while on the wire: the lock must end no later than the
 /// tail (plus a bound), and the owner must not re-enter the orphaned hold meanwhile.
 ///
-/// Fails today: nothing settles the cancelled release_after: the orphan keeps the full 30 s
+/// Failed before the fix: nothing settles the cancelled release_after: the orphan keeps the full 30 s
 /// lease, and the same task's next acquire re-enters it at once: hold_count 2 (want 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect5_a_cancelled_unlock_after_ends_at_its_tail_and_is_not_re_entered() {
@@ -539,7 +539,7 @@ async fn ends_after_its_tail(
 /// Redis): the lock must still end no later than the tail (plus a bound), not at the full
 /// lease, and the owner must not re-enter the orphan.
 ///
-/// Fails today: unlock_after returns `Timeout(500ms)` and nothing settles it: the orphan keeps
+/// Failed before the fix: unlock_after returns `Timeout(500ms)` and nothing settles it: the orphan keeps
 /// the full 30 s lease, and the same task's next acquire re-enters it at once: hold_count 2
 /// (want 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,7 +568,7 @@ async fn defect5_a_failed_unlock_after_ends_at_its_tail_and_is_not_re_entered() 
 /// A nested try_lock cancelled mid-flight (its rollback pending) followed at once by the outer
 /// release: the lock must end up free, whichever of the two reaches Redis first.
 ///
-/// Fails today: the release goes out before the rollback (current-thread runtime: the rollback
+/// Failed before the fix: the release goes out before the rollback (current-thread runtime: the rollback
 /// task has not run yet), so Redis runs acquire (2), release (1), rollback (expects 2: no-op):
 /// one hold is orphaned until the 30 s lease: "still held 5 s after the last release: PTTL
 /// ~24800 ms, hold count Some(1)".
@@ -608,7 +608,7 @@ const NO_SCRIPT_LOAD_RULE: &str = "on >pw resetkeys ~leasehold:* resetchannels &
 
 /// Five failed builds leave no connection behind.
 ///
-/// Fails today: the builder returns PermissionDenied after SCRIPT LOAD is refused but never
+/// Failed before the fix: the builder returns PermissionDenied after SCRIPT LOAD is refused but never
 /// closes the connection it opened: 5 connections of the user stay open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect7a_failed_builds_close_their_connections() {
@@ -636,7 +636,7 @@ async fn defect7a_failed_builds_close_their_connections() {
 /// A build that times out, and one that is cancelled, while the server is paused leave no
 /// connection behind once it resumes.
 ///
-/// Fails today: the timed-out build closes its connection, but the cancelled one's connection
+/// Failed before the fix: the timed-out build closes its connection, but the cancelled one's connection
 /// completes its handshake after the resume and stays open ("id=... cmd=info user=default").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect7b_builds_timed_out_or_cancelled_on_a_paused_server_leave_no_connection() {
@@ -671,7 +671,7 @@ async fn defect7b_builds_timed_out_or_cancelled_on_a_paused_server_leave_no_conn
 /// connection. (`CLIENT LIST TYPE pubsub` alone would not see the leak: a subscriber client that
 /// never subscribed is of type normal; so the client's connections are counted at the proxy.)
 ///
-/// Fails today: each cancelled wait drops the OnceCell's init while its spawned connect task
+/// Failed before the fix: each cancelled wait drops the OnceCell's init while its spawned connect task
 /// goes on and connects a subscriber nobody keeps or closes: 7 connections through the proxy
 /// (1 command + 6 subscribers), 0 of them pubsub in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -894,7 +894,7 @@ async fn defect9_a_non_integer_fencing_counter_does_not_wedge_the_locks_of_its_s
 /// A waiter taking over its client's turn with a foreign-typed fencing counter fails with
 /// WRONGTYPE naming the counter, and leaves the reservation as it was.
 ///
-/// Fails today: the error is right (`WrongType { key: "leasehold:fence" }`), but the take-over
+/// Failed before the fix: the error is right (`WrongType { key: "leasehold:fence" }`), but the take-over
 /// deleted the reserved hash before the script failed: the hash no longer exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect9_a_wrong_type_fencing_counter_does_not_delete_a_reservation() {
@@ -925,7 +925,7 @@ async fn defect9_a_wrong_type_fencing_counter_does_not_delete_a_reservation() {
 
 /// A foreign-typed turn queue: the error names the queue key.
 ///
-/// Fails today: `WrongType { key: "Operation" }` (the first word of Redis's own WRONGTYPE
+/// Failed before the fix: `WrongType { key: "Operation" }` (the first word of Redis's own WRONGTYPE
 /// message).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect10_a_foreign_typed_queue_is_named_in_wrong_type() {
@@ -1007,7 +1007,7 @@ where
 /// `try_lock_for(1 s)` with Redis killed, then paused: a transient error within 2.5 s (the
 /// caller must be able to tell "Redis unreachable" from "busy").
 ///
-/// Fails today: killed: still running at the test's 6 s cap (uncapped it returns `Ok(None)`
+/// Failed before the fix: killed: still running at the test's 6 s cap (uncapped it returns `Ok(None)`
 /// after ~10 s: a full command timeout waiting for the connection in `ready()`, then another
 /// for the acquire); paused: `Ok(None)` after 5.0 s (the acquire's 5 s command timeout, then
 /// the deadline has passed).
@@ -1037,7 +1037,7 @@ async fn defect11_try_lock_for_is_bounded_when_redis_is_unreachable() {
 /// `try_lock()` with Redis killed, then paused: a transient error within the command timeout
 /// (1.5 s) plus a margin (bound 2.5 s).
 ///
-/// Fails today: killed: `Err(Timeout(1.5s))` after 3.0 s (a full command timeout waiting for
+/// Failed before the fix: killed: `Err(Timeout(1.5s))` after 3.0 s (a full command timeout waiting for
 /// the connection in `ready()`, then another for the acquire). The paused case already
 /// holds today (`Err(Timeout(1.5s))` after ~1.5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
