@@ -705,8 +705,8 @@ async fn defect7c_cancelled_first_waits_open_at_most_one_subscriber() {
 
 /// Dropping a client that waited (so it opened both connections) closes both.
 ///
-/// Not reproduced today: this passes (the client's drop sends QUIT on both connections and the
-/// proxy sees both close). Kept as a guard of the property.
+/// Not reproduced on the previous main: this passed there too (the client's drop sent QUIT on
+/// both connections and the proxy saw both close). Kept as a guard of the property.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect7d_dropping_a_client_closes_its_connections() {
     let redis = server();
@@ -740,7 +740,7 @@ async fn defect7d_dropping_a_client_closes_its_connections() {
 /// A waiter cancelled (before it registered interest of its own, or later) must not take its
 /// client out of the turn queue while a sibling waiter of that client still waits there.
 ///
-/// Not reproduced today (this test passes; it guards the property). The suspected path needs
+/// Not reproduced on the previous main (this test passed there too; it guards the property). The suspected path needs
 /// the cancelled waiter A to have no interest of its own while sibling B is already queued. A
 /// starts without interest only if B's subscription is not yet flagged active, and that gap is
 /// sub-millisecond (fred 10's `subscribe()` resolves as soon as the SUBSCRIBE is written, before
@@ -1037,9 +1037,10 @@ async fn defect11_try_lock_for_is_bounded_when_redis_is_unreachable() {
 /// `try_lock()` with Redis killed, then paused: a transient error within the command timeout
 /// (1.5 s) plus a margin (bound 2.5 s).
 ///
-/// Failed before the fix: killed: `Err(Timeout(1.5s))` after 3.0 s (a full command timeout waiting for
+/// Failed before the fix: killed: `Err(Timeout(1.5s))` after 3.0 s (a full command timeout
+/// waiting for
 /// the connection in `ready()`, then another for the acquire). The paused case already
-/// holds today (`Err(Timeout(1.5s))` after ~1.5 s).
+/// held then (`Err(Timeout(1.5s))` after ~1.5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect11_try_lock_is_bounded_when_redis_is_unreachable() {
     let bound = Duration::from_millis(2500);
