@@ -200,7 +200,7 @@ impl Lock {
     /// Cancel safe: a release in flight when the future is dropped is settled in the background.
     pub async fn unlock(&self) -> Result<()> {
         let hold = HoldId::new(self.keys.clone(), self.owner());
-        let grant = self.client.holds.grant_of(&hold);
+        let grant = self.client.holds.prepare(&hold).grant;
         Release {
             _ticket: self.client.holds.begin_release(&hold),
             client: self.client.clone(),
@@ -434,17 +434,8 @@ impl LockAttempt<'_> {
     /// Settles an acquire whose reply never came: "if the owner's count is what that acquire
     /// produced, take one hold back". For a re-entry that is the grant's guards plus one.
     fn settle_unanswered(&self, reentered: Option<FencingToken>) {
-        let produced = match reentered {
-            Some(token) => {
-                self.client
-                    .holds
-                    .grant_of(&self.hold)
-                    .filter(|grant| grant.token == token)
-                    .map_or(0, |grant| grant.guards)
-                    + 1
-            }
-            None => 1,
-        };
+        // A fresh grant's count is 1; a re-entry's, the grant's guards plus one.
+        let produced = self.client.holds.guards_in(&self.hold, reentered) + 1;
         settle(
             self.client,
             &self.hold,

@@ -102,13 +102,7 @@ impl Release {
     /// Settles this release in the background: "if the owner still has the holds it had before
     /// this release, release one".
     fn settle_later(&self) {
-        let holds_before = self
-            .client
-            .holds
-            .grant_of(&self.hold)
-            .filter(|grant| Some(grant.token) == self.token)
-            .map_or(0, |grant| grant.guards)
-            + 1;
+        let holds_before = self.client.holds.guards_in(&self.hold, self.token) + 1;
         settle(
             &self.client,
             &self.hold,

@@ -65,6 +65,8 @@ pub(crate) trait Attempt {
 struct Backoff(Duration);
 
 impl Backoff {
+    const FIRST: Duration = Duration::from_millis(10);
+
     fn next(&mut self) -> Duration {
         let delay = self.0;
         self.0 = (self.0 * 2).min(Duration::from_secs(1));
@@ -114,7 +116,7 @@ impl<'a> Wait<'a> {
             keys,
             deadline,
             place: Some(client.notifier.join(keys.released())),
-            backoff: Backoff(Duration::from_millis(10)),
+            backoff: Backoff(Backoff::FIRST),
             last_error: None,
             granted: None,
         }
@@ -175,23 +177,42 @@ impl<'a> Wait<'a> {
         // +1 ms: PTTL rounds down, and waking a hair early wastes a try. No bound known (a key
         // without TTL): look again every second.
         let busy_for = busy_for.map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1));
-        let mut wake_at = Instant::now() + busy_for;
-        if let Some(deadline) = self.deadline {
-            wake_at = wake_at.min(deadline);
-        }
+        let wake_at = self.capped(busy_for);
         tokio::select! {
             _ = self.place().woken() => true,
             _ = tokio::time::sleep_until(wake_at) => false,
         }
     }
 
+    /// Sleeps after a busy reply to a try made at message `epoch`. A busy time within the
+    /// grace is (usually) a turn reserved for another client. Its taker announces the turn with
+    /// its lease: then this waiter sleeps on until that hold could end, without a try that would
+    /// only learn the same. With no such message (the reserved client is gone), the reservation
+    /// lapsed and the next try takes the lock.
+    async fn sleep_while_busy(&mut self, busy_for: Option<Duration>, grace: Duration, epoch: u64) {
+        let woken = self.sleep(busy_for).await;
+        if woken || busy_for.is_none_or(|t| t > grace) || self.expired() {
+            return;
+        }
+        let rest = self
+            .place()
+            .taken_since(epoch)
+            .map(|until| until.saturating_duration_since(Instant::now()));
+        if let Some(rest) = rest.filter(|r| !r.is_zero()) {
+            self.sleep(Some(rest)).await;
+        }
+    }
+
     async fn backoff_after(&mut self, error: LockError) {
         self.last_error = Some(error);
-        let mut wake_at = Instant::now() + self.backoff.next();
-        if let Some(deadline) = self.deadline {
-            wake_at = wake_at.min(deadline);
-        }
-        tokio::time::sleep_until(wake_at).await;
+        let pause = self.backoff.next();
+        tokio::time::sleep_until(self.capped(pause)).await;
+    }
+
+    /// `after` from now, but no later than the deadline.
+    fn capped(&self, after: Duration) -> Instant {
+        let at = Instant::now() + after;
+        self.deadline.map_or(at, |deadline| at.min(deadline))
     }
 
     /// The waiter arguments of a try: set when subscribed (the try may then take this client's
@@ -265,25 +286,12 @@ pub(crate) async fn acquire<A: Attempt>(
             }
             Ok(Tried::Busy(busy_for)) => {
                 wait.last_error = None;
-                wait.backoff = Backoff(Duration::from_millis(10));
+                wait.backoff = Backoff(Backoff::FIRST);
                 if last || wait.expired() {
                     return Ok(None);
                 }
                 if waiter.is_some() {
-                    let woken = wait.sleep(busy_for).await;
-                    // A busy time within the grace is (usually) a turn reserved for another
-                    // client. Its taker announces the turn with its lease: then this waiter
-                    // sleeps on until that hold could end, without a try that would only learn
-                    // the same. With no such message (the reserved client is gone), the
-                    // reservation lapsed and the next try takes the lock.
-                    if !woken && busy_for.is_some_and(|t| t <= grace) && !wait.expired() {
-                        if let Some(until) = wait.place().taken_since(epoch) {
-                            let rest = until.saturating_duration_since(Instant::now());
-                            if !rest.is_zero() {
-                                wait.sleep(Some(rest)).await;
-                            }
-                        }
-                    }
+                    wait.sleep_while_busy(busy_for, grace, epoch).await;
                 } else {
                     // A release published before the subscription reached nobody, so the lock
                     // is tried again (as a waiter) at once when it is active.

@@ -159,15 +159,9 @@ impl LockError {
 
     /// Maps an error of the Redis client to the variant a caller can act on, for code that runs
     /// its own commands through [`LockClient::redis`](https://docs.rs/leasehold). A WRONGTYPE
-    /// reply names no key here: use [`LockError::from_redis_on`] when the key is known.
+    /// reply names no key here (leasehold's own commands name theirs).
     pub fn from_redis(error: FredError) -> LockError {
         from_fred(error, &[])
-    }
-
-    /// As [`LockError::from_redis`], for a command or script about `keys`: a WRONGTYPE reply is
-    /// reported for the key the script named, or the first key.
-    pub fn from_redis_on(error: FredError, keys: &[&str]) -> LockError {
-        from_fred(error, keys)
     }
 }
 

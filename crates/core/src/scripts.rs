@@ -97,14 +97,6 @@ pub mod files {
     pub const RENEW: &str = include_str!("scripts/renew.lua");
     /// `force_unlock.lua`: remove a lock whoever holds it and wake its waiters.
     pub const FORCE_UNLOCK: &str = include_str!("scripts/force_unlock.lua");
-    /// Every file with its name.
-    pub const ALL: [(&str, &str); 5] = [
-        ("acquire", ACQUIRE),
-        ("release", RELEASE),
-        ("release_after", RELEASE_AFTER),
-        ("renew", RENEW),
-        ("force_unlock", FORCE_UNLOCK),
-    ];
 }
 
 /// The scripts of one protocol setting, built once per setting and shared by its clients.

@@ -167,15 +167,6 @@ impl ReleaseNotifier {
         self.inner.waiters.load(Ordering::SeqCst)
     }
 
-    /// Local waiters on `channel`.
-    pub fn waiters_on(&self, channel: &str) -> usize {
-        self.inner
-            .channels
-            .lock()
-            .get(channel)
-            .map_or(0, |c| c.queue.lock().cells.len())
-    }
-
     /// Channels subscribed in Redis right now, lingering ones included.
     pub fn subscribed_channels(&self) -> usize {
         self.inner
@@ -202,11 +193,6 @@ impl ReleaseNotifier {
             self.inner.resyncs.load(Ordering::SeqCst),
             self.inner.resync_failures.load(Ordering::SeqCst),
         )
-    }
-
-    /// Whether the subscriber connection was ever opened.
-    pub fn is_connected(&self) -> bool {
-        self.inner.connected.load(Ordering::SeqCst)
     }
 }
 
@@ -264,8 +250,10 @@ pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &Arc<Channel>) -> Res
 
 async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), LockError> {
     let mut in_redis = channel.redis_state.lock().await;
+    // Held until the channel is marked below: a resubscribe after a reconnect, which takes
+    // `sending` too, then counts this channel as wanted rather than stale.
+    let _sending = inner.sending.lock().await;
     if !*in_redis {
-        let _sending = inner.sending.lock().await;
         inner
             .subscriber
             .subscribe(channel.name.as_str())
@@ -279,9 +267,6 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
             *in_redis = false;
             return Err(LockError::from_redis(error));
         }
-        // Marked while `sending` is still held: a resubscribe after a reconnect, which takes
-        // `sending` too, then counts this channel as wanted rather than stale.
-        channel.subscribed.store(true, Ordering::SeqCst);
     }
     channel.subscribed.store(true, Ordering::SeqCst);
     Ok(())
@@ -465,7 +450,7 @@ fn on_message(inner: &Inner, channel: &Arc<Channel>, message: Message<'_>) {
         }
         Message::Free => channel.queue.lock().wake_head(),
         Message::Turn(client) if client == inner.settings.client_id => {
-            channel.queue.lock().wake_head()
+            channel.queue.lock().wake_head();
         }
         Message::Turn(_) => {
             if channel.queue.lock().cells.is_empty() {

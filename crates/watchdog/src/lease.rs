@@ -96,14 +96,6 @@ impl LeaseState {
             }
         }
     }
-
-    /// Completes when the lease is lost.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only observes state.
-    pub async fn lost(&self) {
-        self.lost_by(None).await
-    }
 }
 
 #[cfg(test)]
@@ -119,7 +111,7 @@ mod tests {
         assert!(lease.extend(Instant::now() + Duration::from_secs(2)));
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(lease.is_held());
-        lease.lost().await;
+        lease.lost_by(None).await;
         assert!(!lease.is_held());
         assert!(!lease.extend(Instant::now() + Duration::from_secs(10)));
     }
@@ -128,7 +120,7 @@ mod tests {
     async fn marked_lost() {
         let lease = LeaseState::new(Instant::now() + Duration::from_secs(30));
         lease.mark_lost();
-        lease.lost().await;
+        lease.lost_by(None).await;
         assert!(!lease.is_held());
     }
 }

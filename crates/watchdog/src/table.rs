@@ -37,11 +37,9 @@ pub struct Prepared {
     pub grant: Option<HeldGrant>,
     /// A detached guard of the hold is alive (a task-owned acquire waits for it).
     pub detached: bool,
-    /// Releases or settles of the hold are in flight (the acquire waits for them).
-    pub unsettled: bool,
 }
 
-/// The grant the client holds for one [`HoldId`], as [`Watchdog::grant_of`] reports it.
+/// The grant the client holds for one [`HoldId`], as [`Watchdog::prepare`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldGrant {
     /// Its fencing token.
@@ -90,6 +88,17 @@ impl Entry {
             && self.detached == 0
             && self.releasing == 0
             && self.extra.as_ref().is_none_or(|x| x.settling.is_none())
+    }
+
+    /// The grant, unless it is known lost.
+    fn held(&self) -> Option<HeldGrant> {
+        self.grant
+            .as_ref()
+            .filter(|g| !g.lease.is_marked_lost())
+            .map(|g| HeldGrant {
+                token: g.token,
+                guards: u64::from(g.watched + g.fixed),
+            })
     }
 
     fn settling(&self) -> Option<&Settle> {
@@ -238,11 +247,6 @@ impl HoldGuard {
     /// Cancel safe: it only observes.
     pub async fn lost(&self) {
         self.lease.lost_by(self.until).await
-    }
-
-    /// Whether the guard was detached from its task.
-    pub fn is_detached(&self) -> bool {
-        self.detached
     }
 
     /// Takes this guard out of the table as its release is about to be sent, and registers
@@ -469,8 +473,8 @@ impl Watchdog {
     }
 
     /// What an acquire of `hold` must know first, in one look at the table: the grant the
-    /// client holds (a re-entry), whether a detached guard of it lives elsewhere, and whether
-    /// releases or settles of it are in flight (the acquire must wait for them).
+    /// client holds (a re-entry; a lost grant counts as none), and whether a detached guard of
+    /// it lives elsewhere.
     pub fn prepare(&self, hold: &HoldId) -> Prepared {
         let state = self.shared.state.lock();
         let Some(slot) = state.find(hold) else {
@@ -478,31 +482,21 @@ impl Watchdog {
         };
         let entry = &state.entries[slot];
         Prepared {
-            grant: entry
-                .grant
-                .as_ref()
-                .filter(|g| !g.lease.is_marked_lost())
-                .map(|g| HeldGrant {
-                    token: g.token,
-                    guards: u64::from(g.watched + g.fixed),
-                }),
+            grant: entry.held(),
             detached: entry.detached > 0,
-            unsettled: entry.releasing > 0 || entry.settling().is_some(),
         }
     }
 
-    /// The grant the client holds for `hold`, if any (a lost grant counts as none).
-    pub fn grant_of(&self, hold: &HoldId) -> Option<HeldGrant> {
+    /// The live guards of `hold`'s grant `token` (0 when `token` is `None`, or the client holds
+    /// another grant or none): the owner's hold count in Redis for that grant, as far as the
+    /// client knows. What a settle compares against.
+    pub fn guards_in(&self, hold: &HoldId, token: Option<FencingToken>) -> u64 {
         let state = self.shared.state.lock();
-        let slot = state.find(hold)?;
-        let grant = state.entries[slot].grant.as_ref()?;
-        if grant.lease.is_marked_lost() {
-            return None;
-        }
-        Some(HeldGrant {
-            token: grant.token,
-            guards: u64::from(grant.watched + grant.fixed),
-        })
+        state
+            .find(hold)
+            .and_then(|slot| state.entries[slot].held())
+            .filter(|grant| Some(grant.token) == token)
+            .map_or(0, |grant| grant.guards)
     }
 
     /// Marks the grant `token` of `hold` lost: an acquire found it gone from Redis.
@@ -563,19 +557,8 @@ impl Watchdog {
                     .get_or_insert_with(Default::default)
                     .clone()
             };
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.detached_guards(hold) == 0 {
-                return true;
-            }
-            match deadline {
-                Some(deadline) => {
-                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                        return false;
-                    }
-                }
-                None => notified.await,
+            if !notified_unless(&notify, || self.detached_guards(hold) == 0, deadline).await {
+                return false;
             }
         }
     }
@@ -696,13 +679,8 @@ impl Watchdog {
                     }
                 }
                 (None, Some(released)) => {
-                    let notified = released.notified();
-                    tokio::pin!(notified);
-                    notified.as_mut().enable();
-                    if self.releases_in_flight(hold) == 0 {
-                        continue;
-                    }
-                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    let done = || self.releases_in_flight(hold) == 0;
+                    if !notified_unless(&released, done, Some(deadline)).await {
                         return false;
                     }
                 }
@@ -715,5 +693,27 @@ impl Watchdog {
         state
             .find(hold)
             .map_or(0, |slot| state.entries[slot].releasing as usize)
+    }
+}
+
+/// Waits for `notify` unless `done()` holds once the wait is armed: a notification between
+/// the caller's look at the table and this call is not lost. False at the deadline.
+async fn notified_unless(
+    notify: &Notify,
+    done: impl Fn() -> bool,
+    deadline: Option<Instant>,
+) -> bool {
+    let notified = notify.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if done() {
+        return true;
+    }
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, notified).await.is_ok(),
+        None => {
+            notified.await;
+            true
+        }
     }
 }
