@@ -92,25 +92,57 @@ impl fmt::Display for Prefix {
 
 /// The keys and channel of one lock, derived once when the handle is made.
 ///
-/// Cheap to clone (one reference count), and its strings are fred [`Str`]s, so putting them
-/// into a command copies no bytes: every acquire and release sends two to four of them.
-/// Equality and hashing use the lock hash key alone (it determines the others).
+/// Cheap to clone (one reference count), and its strings are slices of one fred [`Str`], so
+/// putting them into a command copies no bytes: every acquire and release sends two to four of
+/// them. Equality and hashing use the lock hash key alone (it determines the others).
 #[derive(Clone, Debug)]
 pub struct LockKeys(Arc<KeyStrings>);
 
+/// One buffer, `name | hash | released | queue | fence`, and where each part ends. Offsets
+/// rather than five `Str`s (32 bytes each): a client may hold ten thousand locks, and a hold
+/// table entry, a guard and a handle all share this one allocation.
 #[derive(Debug)]
 struct KeyStrings {
-    name: Str,
-    hash: Str,
-    fence: Str,
-    released: Str,
-    queue: Str,
+    all: Str,
+    /// End offsets of the name, the hash, the channel and the queue; the fence key runs to the
+    /// end. A name is at most 1 KiB and a prefix 256 bytes, so the buffer fits `u16` offsets.
+    ends: [u16; 4],
     slot: u16,
 }
 
+impl KeyStrings {
+    fn part(&self, part: usize) -> (usize, usize) {
+        let start = match part {
+            0 => 0,
+            _ => usize::from(self.ends[part - 1]),
+        };
+        let end = self
+            .ends
+            .get(part)
+            .map_or(self.all.len(), |&e| usize::from(e));
+        (start, end)
+    }
+
+    fn text(&self, part: usize) -> &str {
+        let (start, end) = self.part(part);
+        &self.all[start..end]
+    }
+
+    fn str(&self, part: usize) -> Str {
+        let (start, end) = self.part(part);
+        self.all.slice(start..end)
+    }
+}
+
+const NAME: usize = 0;
+const HASH: usize = 1;
+const RELEASED: usize = 2;
+const QUEUE: usize = 3;
+const FENCE: usize = 4;
+
 impl PartialEq for LockKeys {
     fn eq(&self, other: &Self) -> bool {
-        self.0.hash == other.0.hash
+        self.hash() == other.hash()
     }
 }
 
@@ -118,7 +150,7 @@ impl Eq for LockKeys {}
 
 impl std::hash::Hash for LockKeys {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.hash.hash(state);
+        self.hash().hash(state);
     }
 }
 
@@ -208,47 +240,49 @@ impl LockKeys {
         all.push_str(":{");
         all.push_str(fence_tag);
         all.push_str("}:fence");
-        let all = bytes::Bytes::from(all);
+        let mut ends = [0u16; 4];
         let mut at = 0;
-        let mut next = |len: usize| {
-            let slice = Str::from_inner(all.slice(at..at + len))
-                .expect("slices of a str at char boundaries");
+        let parts = [
+            name.len(),
+            hash_len,
+            hash_len + suffixes[0].len(),
+            hash_len + suffixes[1].len(),
+        ];
+        for (end, len) in ends.iter_mut().zip(parts) {
             at += len;
-            slice
-        };
+            *end = u16::try_from(at).expect("names and prefixes are short");
+        }
+        debug_assert_eq!(all.len(), at + fence_len);
         Ok(LockKeys(Arc::new(KeyStrings {
-            name: next(name.len()),
-            hash: next(hash_len),
-            released: next(hash_len + suffixes[0].len()),
-            queue: next(hash_len + suffixes[1].len()),
-            fence: next(fence_len),
+            all: Str::from(all),
+            ends,
             slot,
         })))
     }
 
     /// The lock name as the caller gave it.
     pub fn name(&self) -> &str {
-        &self.0.name
+        self.0.text(NAME)
     }
 
     /// `P:{N}`: the hash of owners and hold counts.
     pub fn hash(&self) -> &str {
-        &self.0.hash
+        self.0.text(HASH)
     }
 
     /// `P:{T}:fence`: the fencing counter of this lock's Cluster slot.
     pub fn fence(&self) -> &str {
-        &self.0.fence
+        self.0.text(FENCE)
     }
 
     /// `P:{N}:released`: the channel releases and turns are published on.
     pub fn released(&self) -> &str {
-        &self.0.released
+        self.0.text(RELEASED)
     }
 
     /// `P:{N}:queue`: the clients that have waiters, in the order their turn comes.
     pub fn queue(&self) -> &str {
-        &self.0.queue
+        self.0.text(QUEUE)
     }
 
     /// The Redis Cluster slot of every key of this lock.
@@ -256,20 +290,20 @@ impl LockKeys {
         self.0.slot
     }
 
-    pub(crate) fn hash_str(&self) -> &Str {
-        &self.0.hash
+    pub(crate) fn hash_str(&self) -> Str {
+        self.0.str(HASH)
     }
 
-    pub(crate) fn fence_str(&self) -> &Str {
-        &self.0.fence
+    pub(crate) fn fence_str(&self) -> Str {
+        self.0.str(FENCE)
     }
 
-    pub(crate) fn released_str(&self) -> &Str {
-        &self.0.released
+    pub(crate) fn released_str(&self) -> Str {
+        self.0.str(RELEASED)
     }
 
-    pub(crate) fn queue_str(&self) -> &Str {
-        &self.0.queue
+    pub(crate) fn queue_str(&self) -> Str {
+        self.0.str(QUEUE)
     }
 }
 
