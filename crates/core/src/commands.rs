@@ -134,7 +134,7 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
                     args.push(word("w"));
                     args.push(Value::from(w.client));
                     args.push(word(if w.more { "1" } else { "0" }));
-                    args.push(Value::from(keys.released_str().clone()));
+                    args.push(Value::from(keys.released_str()));
                 }
             }
             (key_list.into(), Value::Array(args))
@@ -186,8 +186,11 @@ pub async fn release<C: LuaInterface + Send + Sync>(
                 .call(client, || {
                     let mut args = Vec::with_capacity(4);
                     args.push(Value::from(hold.owner.id_str().clone()));
-                    args.push(Value::from(keys.released_str().clone()));
-                    args.push(token_arg(token));
+                    args.push(Value::from(keys.released_str()));
+                    // The common release names no grant: two arguments (see the script).
+                    if token.is_some() || expected.is_some() {
+                        args.push(token_arg(token));
+                    }
                     if let Some(expected) = expected {
                         args.push(Value::from(expected as i64));
                     }
@@ -278,7 +281,7 @@ pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>
     client_id: &str,
 ) -> Result<()> {
     client
-        .zrem::<(), _, _>(keys.queue_str().clone(), client_id)
+        .zrem::<(), _, _>(keys.queue_str(), client_id)
         .await
         .map_err(|e| from_fred(e, &[keys.queue()]))
 }
@@ -295,7 +298,7 @@ pub async fn force_unlock<C: LuaInterface + Send + Sync>(
         .call(client, || {
             (
                 Key::from(keys.hash_str()).into(),
-                Value::Array(vec![Value::from(keys.released_str().clone())]),
+                Value::Array(vec![Value::from(keys.released_str())]),
             )
         })
         .await
@@ -309,7 +312,7 @@ pub async fn is_locked<C: fred::interfaces::KeysInterface + Send + Sync>(
     keys: &LockKeys,
 ) -> Result<bool> {
     let n: i64 = client
-        .exists(keys.hash_str().clone())
+        .exists(keys.hash_str())
         .await
         .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(n == 1)
@@ -322,7 +325,7 @@ pub async fn hold_count<C: fred::interfaces::HashesInterface + Send + Sync>(
     owner: &Owner,
 ) -> Result<u64> {
     let count: Option<u64> = client
-        .hget(keys.hash_str().clone(), owner.id_str().clone())
+        .hget(keys.hash_str(), owner.id_str().clone())
         .await
         .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(count.unwrap_or(0))

@@ -4,7 +4,8 @@
 -- KEYS[2]  turn queue  P:{N}:queue
 -- ARGV[1]  owner id
 -- ARGV[2]  release channel  P:{N}:released
--- ARGV[3]  the token of the grant the hold must belong to; '' for "the owner's grant": the
+-- ARGV[3]  the token of the grant the hold must belong to; absent or '' for "the owner's grant"
+--          (a plain release sends two arguments: each costs a Lua string on the hot path): the
 --          client's hold table knows it is the current one (a release), or does not know it
 --          (settling an acquire whose reply never came: it may have made a new grant)
 -- ARGV[4]  absent for a release. To settle an unanswered command: the hold count the owner has
@@ -41,7 +42,7 @@ end
 -- The grant is checked only when the client asks: it sends the token when this hold's grant
 -- may have been replaced by a later grant of the same owner, and for settles. (The common
 -- release skips the second read.)
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '@FENCE@') ~= ARGV[3] then
+if ARGV[3] and ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '@FENCE@') ~= ARGV[3] then
   return -1
 end
 -- Counts are written by HSET '1' and HINCRBY, so they are canonical decimal text.
