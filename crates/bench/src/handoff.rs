@@ -80,6 +80,9 @@ pub(crate) struct Handoff {
     pub(crate) round_trips_per_acquisition: f64,
     pub(crate) workers_served: usize,
     pub(crate) max_wait_ms: f64,
+    /// The benchmark process's CPU time (all clients, workers and fred's tasks) per
+    /// acquisition, over the whole run: what one handoff costs the clients.
+    pub(crate) client_cpu_us_per_acquisition: f64,
     /// Gap percentiles (p, µs) for the plot; not part of the JSON contract.
     #[serde(skip)]
     pub(crate) gap_curve: Vec<(f64, u64)>,
@@ -125,6 +128,7 @@ pub(crate) async fn run(
         }
     }
     let started = Instant::now();
+    let cpu = cpu_time::ProcessTime::now();
     let end = started + duration;
     let mut handles = Vec::new();
     for worker in 0..waiters {
@@ -157,6 +161,7 @@ pub(crate) async fn run(
         handle.await??;
     }
     let elapsed = started.elapsed();
+    let cpu_used = cpu.elapsed();
     let mut record = Arc::try_unwrap(record)
         .map_err(|_| anyhow::anyhow!("workers still hold the record"))?
         .into_inner();
@@ -185,6 +190,7 @@ pub(crate) async fn run(
         round_trips_per_acquisition: round_trips as f64 / in_window.max(1) as f64,
         workers_served: record.served.iter().filter(|n| **n > 0).count(),
         max_wait_ms: record.max_wait.as_secs_f64() * 1000.0,
+        client_cpu_us_per_acquisition: cpu_used.as_secs_f64() * 1e6 / acquisitions.max(1) as f64,
         gap_curve,
     })
 }

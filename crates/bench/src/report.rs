@@ -97,14 +97,14 @@ pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement)
     ];
     if handoffs.iter().any(|(_, h)| h.is_some()) {
         println!(
-            "{:<26} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>11}",
-            "", "acq", "acq/s", "gap p50", "gap p99", "rt/acq", "served", "max wait"
+            "{:<26} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>11} {:>9}",
+            "", "acq", "acq/s", "gap p50", "gap p99", "rt/acq", "served", "max wait", "cpu/acq"
         );
     }
     for (label, run) in handoffs {
         if let Some(h) = run {
             println!(
-                "{label:<26} {:>7} {:>8.0} {:>7}us {:>7}us {:>10.2} {:>4}/{:<2} {:>9.1}ms",
+                "{label:<26} {:>7} {:>8.0} {:>7}us {:>7}us {:>10.2} {:>4}/{:<2} {:>9.1}ms {:>7.0}us",
                 h.acquisitions,
                 h.acq_per_sec,
                 h.gap_p50_us,
@@ -112,7 +112,8 @@ pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement)
                 h.round_trips_per_acquisition,
                 h.workers_served,
                 h.waiters,
-                h.max_wait_ms
+                h.max_wait_ms,
+                h.client_cpu_us_per_acquisition
             );
         }
     }

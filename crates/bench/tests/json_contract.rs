@@ -24,6 +24,7 @@ const HANDOFF: &[&str] = &[
     "round_trips_per_acquisition",
     "workers_served",
     "max_wait_ms",
+    "client_cpu_us_per_acquisition",
 ];
 const CRASH: &[&str] = &["lease_ms", "delay_after_expiry_ms"];
 const WATCHDOG: &[&str] = &[
