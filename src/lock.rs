@@ -353,6 +353,13 @@ impl Attempt for LockAttempt<'_> {
         waiter: Option<Waiter<'_>>,
         budget: Duration,
     ) -> Result<Tried<Granted>> {
+        // Another future of this owner (joined in the same task) got the lock while this one
+        // waited in line: this try re-enters that grant. A plain or waiter's try would find
+        // the owner's hold in Redis and replace it as an orphan, ending the other future's
+        // grant under it.
+        if let Some(grant) = self.client.holds.prepare(&self.hold).grant {
+            return self.reenter_from_line(grant.token, waiter, budget).await;
+        }
         let mode = match waiter {
             Some(waiter) => AcquireMode::Waiter(waiter),
             None => AcquireMode::Try,
@@ -366,6 +373,28 @@ impl Attempt for LockAttempt<'_> {
 }
 
 impl LockAttempt<'_> {
+    /// Re-enters the owner's grant `token` from the engine's line. A waiter that was queued
+    /// for a turn and has no company leaves the turn queue, as a waiter's grant would have
+    /// (otherwise a later release would reserve the lock for a client nobody waits in).
+    async fn reenter_from_line(
+        &self,
+        token: FencingToken,
+        waiter: Option<Waiter<'_>>,
+        budget: Duration,
+    ) -> Result<Tried<Granted>> {
+        let tried = self.send(AcquireMode::Reenter(token), budget).await?;
+        match &tried {
+            Tried::Granted(_) => {
+                if waiter.is_some_and(|w| !w.more) {
+                    wait::leave_turn_queue(self.client, &self.hold.keys);
+                }
+            }
+            // The grant is gone (expired, force-unlocked): the next try competes as anyone.
+            Tried::Busy(_) => self.client.holds.lose(&self.hold, token),
+        }
+        Ok(tried)
+    }
+
     /// One acquire script call, within `budget`. If the reply never comes (timeout, connection
     /// lost, or this future dropped while the call is in flight) the acquire is settled in the
     /// background.

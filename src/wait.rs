@@ -227,7 +227,7 @@ impl<'a> Wait<'a> {
 }
 
 /// Sends the ZREM of `client`'s id from the lock's turn queue, in the background.
-fn leave_turn_queue(client: &Arc<ClientInner>, keys: &LockKeys) {
+pub(crate) fn leave_turn_queue(client: &Arc<ClientInner>, keys: &LockKeys) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };

@@ -1060,3 +1060,40 @@ async fn defect11_try_lock_is_bounded_when_redis_is_unreachable() {
         "want a transient error within {bound:?}: {failures:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Defect 12: futures joined in one task replaced each other's grant
+// ---------------------------------------------------------------------------------------------
+
+/// Two futures joined in one task are one owner, and the guide says they re-enter each other.
+/// They did not: the second waited in the client's line, and when the first got the lock its
+/// try went out as a plain try, which found the owner's hold in Redis, took it for an orphan of
+/// a lost reply and replaced it with a new grant.
+///
+/// Failed before the fix: the second future got hold count 1 and a new fencing token, the
+/// first's guard was marked lost while it still ran, and its `unlock()` returned `NotHeld`.
+#[tokio::test]
+async fn defect12_futures_joined_in_one_task_re_enter_instead_of_replacing() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("stock:joined").unwrap();
+    let sell = || async {
+        let guard = lock.lock().await.unwrap();
+        let seen = (guard.hold_count(), guard.fencing_token());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let held = guard.is_held();
+        (seen, held, guard.unlock().await)
+    };
+    let ((a, a_held, a_unlock), (b, b_held, b_unlock)) = tokio::join!(sell(), sell());
+    assert_eq!(a.1, b.1, "one grant, re-entered: the same fencing token");
+    let mut counts = [a.0, b.0];
+    counts.sort();
+    assert_eq!(counts, [1, 2]);
+    assert!(
+        a_held && b_held,
+        "neither grant was replaced under its guard"
+    );
+    a_unlock.unwrap();
+    b_unlock.unwrap();
+    assert!(!exists(&redis, lock.keys().hash()));
+}
