@@ -22,11 +22,15 @@ use crate::wait::{self, Attempt, Tried};
 /// [`Lock::with_owner`] to share one hold across tasks. A guard stays with the task that
 /// acquired it (it borrows this handle); to hand it to another task, [`LockGuard::detach`] it:
 /// the task then waits for it like any other task instead of re-entering.
+///
+/// [`Lock::non_reentrant`] turns re-entry off: a second acquire by the same owner waits for
+/// the first hold to end instead.
 #[derive(Clone)]
 pub struct Lock {
     client: Arc<ClientInner>,
     keys: LockKeys,
     owner: Option<Owner>,
+    reentrant: bool,
 }
 
 impl fmt::Debug for Lock {
@@ -35,6 +39,7 @@ impl fmt::Debug for Lock {
             .field("name", &self.keys.name())
             .field("key", &self.keys.hash())
             .field("owner", &self.owner)
+            .field("reentrant", &self.reentrant)
             .finish()
     }
 }
@@ -45,6 +50,7 @@ impl Lock {
             client,
             keys,
             owner: None,
+            reentrant: true,
         }
     }
 
@@ -64,6 +70,43 @@ impl Lock {
     pub fn with_owner(mut self, owner: Owner) -> Lock {
         self.owner = Some(owner);
         self
+    }
+
+    /// This handle, without re-entry: an acquire by an owner that already holds the lock waits
+    /// until that hold ends (and `try_lock` returns `None`), then competes like any other
+    /// owner and gets a new grant with a new fencing token. The hold count is always 1.
+    ///
+    /// For code where re-entering by accident is the danger: two futures joined in one task
+    /// are one owner, so with the reentrant lock both would enter the critical section at once.
+    /// Here the second waits for the first:
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("stock:last-item")?.non_reentrant();
+    /// let sell = || async {
+    ///     let guard = lock.lock().await?;
+    ///     let token = guard.fencing_token();
+    ///     guard.unlock().await?;
+    ///     Ok::<_, leasehold::LockError>(token)
+    /// };
+    /// let (a, b) = tokio::join!(sell(), sell()); // one task, one owner
+    /// assert_ne!(a?, b?); // two grants, one after the other
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    ///
+    /// A waiting acquire that waits on its own task's hold never ends if nothing else in that
+    /// task releases it (as with a `tokio::sync::Mutex` locked twice): bound such waits with
+    /// [`Lock::try_lock_for`].
+    pub fn non_reentrant(mut self) -> Lock {
+        self.reentrant = false;
+        self
+    }
+
+    /// Whether an owner's second acquire re-enters its hold (the default) or waits for it to
+    /// end ([`Lock::non_reentrant`]).
+    pub fn is_reentrant(&self) -> bool {
+        self.reentrant
     }
 
     /// The owner an acquire from here would use right now.
@@ -229,7 +272,8 @@ impl Lock {
     /// Acquires with a wait of `wait` (`None`: no limit; zero: one try) and an explicit
     /// `lease` (`None`: watched).
     ///
-    /// Re-entry never waits: when the owner already holds the lock, one try re-enters it.
+    /// Re-entry never waits: when the owner already holds the lock, one try re-enters it (a
+    /// non-reentrant handle waits here until that hold ends, without sending anything).
     /// Otherwise the waiting engine ([`crate::wait`]) drives [`LockAttempt`].
     async fn acquire(
         &self,
@@ -250,6 +294,7 @@ impl Lock {
             hold: HoldId::new(self.keys.clone(), self.owner()),
             mode,
             lease,
+            reentrant: self.reentrant,
         };
         let mut prepared = client.holds.prepare(&attempt.hold);
         // A detached guard of this task's hold lives in another task: this task waits for it
@@ -261,7 +306,18 @@ impl Lock {
             }
             prepared = client.holds.prepare(&attempt.hold);
         }
-        if let Some(grant) = prepared.grant {
+        // Non-reentrant: the owner's own hold is waited for locally. Nothing may reach Redis
+        // while it lives: the acquire script takes a hold of the same owner that the client does
+        // not re-enter on purpose for an orphan, and would replace it.
+        if !self.reentrant && prepared.grant.is_some() {
+            if wait == Some(Duration::ZERO)
+                || !Box::pin(client.holds.until_released(&attempt.hold, deadline)).await
+            {
+                return Ok(None);
+            }
+            prepared = client.holds.prepare(&attempt.hold);
+        }
+        if let Some(grant) = prepared.grant.filter(|_| self.reentrant) {
             let budget = client.budget(deadline);
             match attempt
                 .send(AcquireMode::Reenter(grant.token), budget)
@@ -272,8 +328,11 @@ impl Lock {
                 Tried::Busy(_) => client.holds.lose(&attempt.hold, grant.token),
             }
         }
-        let granted = if wait == Some(Duration::ZERO) {
-            // try_lock: one try and nothing to wait for, so no place in line and no turn.
+        let granted = if wait == Some(Duration::ZERO) && self.reentrant {
+            // try_lock: one try and nothing to wait for, so no place in line and no turn. (A
+            // non-reentrant try goes through the line with an immediate deadline: only the
+            // line's head sends, so two tries of one owner are never in flight together, and
+            // the settle of one whose reply is lost cannot take back the other's grant.)
             match attempt
                 .send(AcquireMode::Try, client.command_timeout)
                 .await?
@@ -343,6 +402,7 @@ struct LockAttempt<'c> {
     hold: HoldId,
     mode: LeaseMode,
     lease: Lease,
+    reentrant: bool,
 }
 
 impl Attempt for LockAttempt<'_> {
@@ -353,16 +413,29 @@ impl Attempt for LockAttempt<'_> {
         waiter: Option<Waiter<'_>>,
         budget: Duration,
     ) -> Result<Tried<Granted>> {
-        // Another future of this owner (joined in the same task) got the lock while this one
-        // waited in line: this try re-enters that grant. A plain or waiter's try would find
-        // the owner's hold in Redis and replace it as an orphan, ending the other future's
-        // grant under it.
-        if let Some(grant) = self.client.holds.prepare(&self.hold).grant {
-            return self.reenter_from_line(grant.token, waiter, budget).await;
-        }
-        let mode = match waiter {
-            Some(waiter) => AcquireMode::Waiter(waiter),
-            None => AcquireMode::Try,
+        let mode = match (waiter, self.reentrant) {
+            (waiter, true) => {
+                // Another future of this owner (joined in the same task) got the lock while
+                // this one waited in line: this try re-enters that grant. A plain or waiter's
+                // try would find the owner's hold in Redis and replace it as an orphan,
+                // ending the other future's grant under it.
+                if let Some(grant) = self.client.holds.prepare(&self.hold).grant {
+                    return self.reenter_from_line(grant.token, waiter, budget).await;
+                }
+                match waiter {
+                    Some(waiter) => AcquireMode::Waiter(waiter),
+                    None => AcquireMode::Try,
+                }
+            }
+            (waiter, false) => {
+                // The owner's own hold (another future of the same task) keeps a
+                // non-reentrant lock busy: no try until it ends. Its release wakes this
+                // waiter; the engine looks again within a second otherwise.
+                if self.client.holds.prepare(&self.hold).grant.is_some() {
+                    return Ok(Tried::Busy(None));
+                }
+                AcquireMode::NonReentrant(waiter)
+            }
         };
         self.send(mode, budget).await
     }

@@ -84,6 +84,15 @@ pub fn keys(server: &RedisServer, pattern: &str) -> Vec<String> {
     out
 }
 
+/// The keys under the default prefix except the per-slot fencing counters (which stay by
+/// design): what "nothing left behind" is checked against.
+pub fn lock_keys(server: &RedisServer) -> Vec<String> {
+    keys(server, "leasehold:*")
+        .into_iter()
+        .filter(|k| !k.ends_with("}:fence"))
+        .collect()
+}
+
 /// The body of each test binary's `child_holder_entry_point` test: when the parent test set
 /// the variables, take the lock (watched, with the given lease), print `LOCKED token=...` and
 /// wait to be killed; otherwise (a plain test run) return at once.

@@ -23,6 +23,10 @@ pub enum AcquireMode<'a> {
     Reenter(FencingToken),
     /// A subscribed waiter: may take a turn reserved for its client, and queues its client.
     Waiter(Waiter<'a>),
+    /// A try of a non-reentrant lock, as `Try` (or as `Waiter`, with one), except that a hold
+    /// the owner already has keeps the lock busy instead of being replaced as an orphan: two
+    /// acquires of one owner can never both be granted.
+    NonReentrant(Option<Waiter<'a>>),
 }
 
 /// A subscribed waiter's place in the turn queue.
@@ -129,13 +133,17 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
                     args.push(word("r"));
                     args.push(token_arg(Some(token)));
                 }
-                AcquireMode::Waiter(w) => {
+                AcquireMode::Waiter(w) | AcquireMode::NonReentrant(Some(w)) => {
                     key_list.push(Key::from(keys.queue_str()));
                     args.push(word("w"));
                     args.push(Value::from(w.client));
                     args.push(word(if w.more { "1" } else { "0" }));
                     args.push(Value::from(keys.released_str()));
+                    if matches!(mode, AcquireMode::NonReentrant(_)) {
+                        args.push(word("n"));
+                    }
                 }
+                AcquireMode::NonReentrant(None) => args.push(word("n")),
             }
             (key_list.into(), Value::Array(args))
         })

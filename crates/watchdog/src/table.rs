@@ -80,6 +80,8 @@ pub(crate) struct Extra {
     pub(crate) reattached: Option<Arc<Notify>>,
     /// Woken when the last release in flight ends.
     pub(crate) released: Option<Arc<Notify>>,
+    /// Woken when the grant ends (released, lost or replaced).
+    pub(crate) ended: Option<Arc<Notify>>,
 }
 
 impl Entry {
@@ -176,7 +178,11 @@ impl State {
 
     /// Takes the grant out of `slot` (it ended), unscheduling it.
     pub(crate) fn end_grant(&mut self, slot: usize) -> Option<Grant> {
-        let grant = self.entries.get_mut(slot)?.grant.take()?;
+        let entry = self.entries.get_mut(slot)?;
+        let grant = entry.grant.take()?;
+        if let Some(notify) = entry.extra.as_mut().and_then(|x| x.ended.take()) {
+            notify.notify_waiters();
+        }
         if let Some(due) = grant.due {
             self.due.remove(&(due, slot));
         }
@@ -561,6 +567,57 @@ impl Watchdog {
                 return false;
             }
         }
+    }
+
+    /// Waits until the owner of `hold` holds no grant the client knows to be live (its guards
+    /// are gone, or the grant was lost or ran out), or until `deadline`; false on the deadline.
+    /// A non-reentrant acquire waits here instead of re-entering.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn until_released(&self, hold: &HoldId, deadline: Option<Instant>) -> bool {
+        loop {
+            let (ended, lease) = {
+                let mut state = self.shared.state.lock();
+                let Some(slot) = state.find(hold) else {
+                    return true;
+                };
+                let entry = &mut state.entries[slot];
+                // `is_held` also ends a fixed-lease grant whose deadline passed: Redis has
+                // expired it, and no renewal will ever say so.
+                let Some(lease) = entry
+                    .grant
+                    .as_ref()
+                    .filter(|g| g.lease.is_held())
+                    .map(|g| g.lease.clone())
+                else {
+                    return true;
+                };
+                let ended = entry
+                    .extra()
+                    .ended
+                    .get_or_insert_with(Default::default)
+                    .clone();
+                (ended, lease)
+            };
+            let done = || !self.holds_live_grant(hold);
+            tokio::select! {
+                ended = notified_unless(&ended, done, deadline) => {
+                    if !ended {
+                        return false;
+                    }
+                }
+                () = lease.lost_by(None) => {}
+            }
+        }
+    }
+
+    fn holds_live_grant(&self, hold: &HoldId) -> bool {
+        let state = self.shared.state.lock();
+        state
+            .find(hold)
+            .and_then(|slot| state.entries[slot].grant.as_ref())
+            .is_some_and(|g| g.lease.is_held())
     }
 
     fn detached_guards(&self, hold: &HoldId) -> usize {

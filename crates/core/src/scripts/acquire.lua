@@ -5,6 +5,7 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  mode, absent for a plain try (try_lock, a waiter's first try); otherwise:
+--   'n'    a plain try of a non-reentrant lock: a hold of ARGV[1] keeps the lock busy
 --   'r'    re-enter: the client holds this lock under ARGV[1] with the token ARGV[4]
 --   'w'    a subscribed waiter: it may take a turn reserved for its client, and its client
 --          joins the turn queue when the lock is held; then
@@ -12,6 +13,7 @@
 --          ARGV[4]  the waiter's client id
 --          ARGV[5]  '1' when that client has more waiters on this lock
 --          ARGV[6]  release channel  P:{N}:released
+--          ARGV[7]  'n' for a non-reentrant lock's waiter (a hold of ARGV[1] keeps it busy)
 --
 -- The plain try sends only what a grant needs: every argument costs encoding on the client and
 -- a Lua string on the server, on the hottest path there is.
@@ -32,6 +34,8 @@
 -- A hold of ARGV[1] that the client does not re-enter on purpose (mode other than 'r' with the
 -- grant's token) is an orphan: a grant whose reply the client never saw. It is replaced by a new
 -- grant with a new token, never re-entered: the client's hold count would not match Redis's.
+-- A non-reentrant lock's try ('n', or ARGV[7] 'n') never replaces one: its owner may hold the
+-- lock through another future of the same task, and the answer is "busy" until that ends.
 -- (The WRONGTYPE check after each pcall is written out where it is needed: a Lua helper
 -- function would be a closure created on every call of the script.)
 
@@ -67,7 +71,8 @@ if not fresh then
       return held
     end
     if held == 1 then
-      fresh = true -- an orphan: replaced below
+      -- An orphan, replaced below; or, for a non-reentrant lock, this owner's live hold.
+      fresh = mode ~= 'n' and ARGV[7] ~= 'n'
     elseif mode == 'w' and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[4]) == 1 then
       -- A release reserved the lock for this waiter's client: it takes its turn.
       fresh = true

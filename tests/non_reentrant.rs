@@ -1,0 +1,222 @@
+//! The non-reentrant lock (`Lock::non_reentrant`): an owner's second acquire waits for its
+//! first hold to end instead of re-entering it, against a real redis-server.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{client, hget, lock_keys, scripts, server};
+use leasehold_core::commands::{self, Acquire, AcquireMode};
+use leasehold_core::Lease;
+use tokio::time::Instant;
+
+/// The reason the kind exists: two futures joined in one task are one owner. Through the
+/// reentrant lock both would be inside at once; here they take turns, each with its own grant.
+#[tokio::test]
+async fn joined_futures_in_one_task_take_turns() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("stock:last-item").unwrap().non_reentrant();
+    let inside = AtomicUsize::new(0);
+    let sell = || async {
+        let guard = lock.lock().await.unwrap();
+        assert_eq!(
+            inside.fetch_add(1, Ordering::SeqCst),
+            0,
+            "two futures inside at once"
+        );
+        assert_eq!(guard.hold_count(), 1);
+        let token = guard.fencing_token();
+        let entered = Instant::now();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            guard.is_held(),
+            "the other future must not have replaced this grant"
+        );
+        inside.fetch_sub(1, Ordering::SeqCst);
+        guard.unlock().await.unwrap();
+        (token, entered)
+    };
+    let (a, b) = tokio::join!(sell(), sell());
+    let (first, second) = if a.1 < b.1 { (a, b) } else { (b, a) };
+    assert!(
+        second.0 > first.0,
+        "the second future got a new grant with a higher token"
+    );
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn try_lock_is_refused_while_the_owner_holds_it() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("report").unwrap().non_reentrant();
+    assert!(!lock.is_reentrant());
+    let guard = lock.lock().await.unwrap();
+    assert!(lock.try_lock().await.unwrap().is_none());
+    assert_eq!(
+        hget(&redis, lock.keys().hash(), &lock.owner().to_string()),
+        Some(1)
+    );
+    let first = guard.fencing_token();
+    guard.unlock().await.unwrap();
+    let again = lock.try_lock().await.unwrap().expect("free again");
+    assert!(again.fencing_token() > first);
+    assert_eq!(again.hold_count(), 1);
+}
+
+/// A bounded wait on one's own hold ends at its deadline with `None`, and changes nothing.
+#[tokio::test]
+async fn a_bounded_wait_on_its_own_hold_times_out_and_changes_nothing() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("migration").unwrap().non_reentrant();
+    let guard = lock.lock().await.unwrap();
+    let waited = lock.try_lock_for(Duration::from_millis(300)).await.unwrap();
+    assert!(waited.is_none());
+    assert!(guard.is_held());
+    assert_eq!(
+        hget(&redis, lock.keys().hash(), &lock.owner().to_string()),
+        Some(1)
+    );
+    guard.unlock().await.unwrap();
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// A cancelled wait leaves nothing behind: no hold, no queue entry.
+#[tokio::test]
+async fn a_cancelled_wait_leaves_nothing_behind() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("cancelled").unwrap().non_reentrant();
+    let guard = lock.lock().await.unwrap();
+    let cancelled = tokio::time::timeout(Duration::from_millis(200), lock.lock()).await;
+    assert!(cancelled.is_err(), "waits on its own hold");
+    guard.unlock().await.unwrap();
+    let clean = common::eventually(Duration::from_secs(5), || lock_keys(&redis).is_empty()).await;
+    assert!(clean, "left behind: {:?}", lock_keys(&redis));
+}
+
+/// An explicit owner shared by two tasks: the second task waits for the first's hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_owner_waits_across_tasks() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let owner = client.new_owner();
+    let lock = client
+        .lock("ledger")
+        .unwrap()
+        .with_owner(owner)
+        .non_reentrant();
+    let guard = lock.lock().await.unwrap().detach();
+    let second = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            let token = guard.fencing_token();
+            guard.unlock().await.unwrap();
+            token
+        })
+    };
+    // The second task cannot get in while the first hold lives.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!second.is_finished());
+    let first = guard.fencing_token();
+    guard.unlock().await.unwrap();
+    let token = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second task gets the lock after the release")
+        .unwrap();
+    assert!(token > first);
+}
+
+/// Many futures of one task, some waiting and some trying, never overlap and never replace
+/// each other's grant.
+#[tokio::test]
+async fn many_futures_of_one_task_never_overlap() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("counter").unwrap().non_reentrant();
+    let inside = AtomicUsize::new(0);
+    let entries = AtomicUsize::new(0);
+    let worker = |n: usize| {
+        let (lock, inside, entries) = (&lock, &inside, &entries);
+        async move {
+            for i in 0..20 {
+                let guard = if (n + i) % 3 == 0 {
+                    match lock.try_lock().await.unwrap() {
+                        Some(guard) => guard,
+                        None => continue,
+                    }
+                } else {
+                    lock.lock().await.unwrap()
+                };
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                entries.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                assert!(guard.is_held());
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.unlock().await.unwrap();
+            }
+        }
+    };
+    futures::future::join_all((0..5).map(worker)).await;
+    assert!(entries.load(Ordering::SeqCst) >= 5 * 20 * 2 / 3);
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// Contention from another client works as for the plain lock.
+#[tokio::test]
+async fn waits_for_another_clients_hold() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let waiter = client(&redis.url()).await;
+    let held = holder.lock("shared").unwrap();
+    let guard = held.lock().await.unwrap();
+    let lock = waiter.lock("shared").unwrap().non_reentrant();
+    let wait = tokio::spawn(async move {
+        lock.try_lock_for(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .map(|g| g.detach())
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    guard.unlock().await.unwrap();
+    let got = wait.await.unwrap().expect("acquired after the release");
+    got.unlock().await.unwrap();
+}
+
+/// The script itself refuses a second grant to one owner in non-reentrant mode, where a plain
+/// try replaces the hold as an orphan: the guarantee does not rest on the client's checks.
+#[tokio::test]
+async fn the_script_never_grants_one_owner_twice() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let keys = client.lock("raw").unwrap().keys().clone();
+    let owner = client.new_owner();
+    let scripts = scripts();
+    let lease = Lease::new(Duration::from_secs(10)).unwrap();
+    let acquire = |mode| commands::acquire(client.redis(), &scripts, &keys, &owner, lease, mode);
+    let first = acquire(AcquireMode::Try).await.unwrap();
+    assert!(matches!(first, Acquire::Granted { hold_count: 1, .. }));
+    let refused = acquire(AcquireMode::NonReentrant(None)).await.unwrap();
+    assert!(
+        matches!(refused, Acquire::Held { ttl: Some(_) }),
+        "{refused:?}"
+    );
+    let waiter = commands::Waiter {
+        client: "c0ffee",
+        more: false,
+    };
+    let refused = acquire(AcquireMode::NonReentrant(Some(waiter)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Acquire::Held { ttl: Some(_) }),
+        "{refused:?}"
+    );
+    // The plain try treats the same hold as an orphan of a lost reply and replaces it.
+    let replaced = acquire(AcquireMode::Try).await.unwrap();
+    assert!(matches!(replaced, Acquire::Granted { hold_count: 1, .. }));
+}
