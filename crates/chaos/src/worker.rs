@@ -246,6 +246,9 @@ const KIND_WEIGHTS: [u64; 7] = [3, 2, 3, 2, 2, 2, 2];
 /// while the section still runs is a violation (two tasks in one critical section).
 const HANDOFF_PERCENT: u64 = 8;
 
+/// How often an op acquires through [`leasehold::Lock::non_reentrant`].
+const NON_REENTRANT_PERCENT: u64 = 25;
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -278,6 +281,14 @@ async fn one_op(
 ) -> anyhow::Result<Option<u32>> {
     let kind = Kind::ALL[rng.weighted(&KIND_WEIGHTS)];
     let lock = ctx.client.lock(&resource_name(res))?;
+    // Some ops through a non-reentrant handle: their tries use the script's no-re-entry mode,
+    // and a non-reentrant try_lock goes through the client's line. A task's ops are
+    // sequential, so every rule of the checker holds for them unchanged.
+    let lock = if rng.chance(NON_REENTRANT_PERCENT) {
+        lock.non_reentrant()
+    } else {
+        lock
+    };
     let wait = ms(rng.range(50, 1500));
     let lease = ms(rng.range(200, MAX_EXPLICIT_LEASE.as_millis() as u64));
     let explicit = kind.explicit_lease();
