@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind, Waiter};
 use leasehold_core::{DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
-use leasehold_watchdog::{HoldGuard, LeaseMode};
+use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode};
 use tokio::time::Instant;
 
 use crate::client::{within, ClientInner};
@@ -295,6 +295,7 @@ impl Lock {
             mode,
             lease,
             reentrant: self.reentrant,
+            task_owned: self.owner.is_none(),
         };
         let mut prepared = client.holds.prepare(&attempt.hold);
         // A detached guard of this task's hold lives in another task: this task waits for it
@@ -317,26 +318,16 @@ impl Lock {
             }
             prepared = client.holds.prepare(&attempt.hold);
         }
-        if let Some(grant) = prepared.grant.filter(|_| self.reentrant) {
-            let budget = client.budget(deadline);
-            match attempt
-                .send(AcquireMode::Reenter(grant.token), budget)
-                .await?
-            {
+        if self.reentrant && prepared.grant.is_some() {
+            match attempt.try_once(None, client.budget(deadline)).await? {
                 Tried::Granted(granted) => return Ok(Some(self.guard(granted))),
                 // The grant is gone (expired, force-unlocked): wait like anyone else.
-                Tried::Busy(_) => client.holds.lose(&attempt.hold, grant.token),
+                Tried::Busy(_) => {}
             }
         }
-        let granted = if wait == Some(Duration::ZERO) && self.reentrant {
-            // try_lock: one try and nothing to wait for, so no place in line and no turn. (A
-            // non-reentrant try goes through the line with an immediate deadline: only the
-            // line's head sends, so two tries of one owner are never in flight together, and
-            // the settle of one whose reply is lost cannot take back the other's grant.)
-            match attempt
-                .send(AcquireMode::Try, client.command_timeout)
-                .await?
-            {
+        let granted = if wait == Some(Duration::ZERO) {
+            // try_lock: one try and nothing to wait for, so no place in line and no turn.
+            match attempt.try_once(None, client.command_timeout).await? {
                 Tried::Granted(granted) => Some(granted),
                 Tried::Busy(_) => None,
             }
@@ -403,6 +394,8 @@ struct LockAttempt<'c> {
     mode: LeaseMode,
     lease: Lease,
     reentrant: bool,
+    /// Acquiring under the task's own owner: a detached guard of the hold is not re-entered.
+    task_owned: bool,
 }
 
 impl Attempt for LockAttempt<'_> {
@@ -413,31 +406,7 @@ impl Attempt for LockAttempt<'_> {
         waiter: Option<Waiter<'_>>,
         budget: Duration,
     ) -> Result<Tried<Granted>> {
-        let mode = match (waiter, self.reentrant) {
-            (waiter, true) => {
-                // Another future of this owner (joined in the same task) got the lock while
-                // this one waited in line: this try re-enters that grant. A plain or waiter's
-                // try would find the owner's hold in Redis and replace it as an orphan,
-                // ending the other future's grant under it.
-                if let Some(grant) = self.client.holds.prepare(&self.hold).grant {
-                    return self.reenter_from_line(grant.token, waiter, budget).await;
-                }
-                match waiter {
-                    Some(waiter) => AcquireMode::Waiter(waiter),
-                    None => AcquireMode::Try,
-                }
-            }
-            (waiter, false) => {
-                // The owner's own hold (another future of the same task) keeps a
-                // non-reentrant lock busy: no try until it ends. Its release wakes this
-                // waiter; the engine looks again within a second otherwise.
-                if self.client.holds.prepare(&self.hold).grant.is_some() {
-                    return Ok(Tried::Busy(None));
-                }
-                AcquireMode::NonReentrant(waiter)
-            }
-        };
-        self.send(mode, budget).await
+        self.try_once(waiter, budget).await
     }
 
     fn lease(&self) -> Duration {
@@ -446,24 +415,61 @@ impl Attempt for LockAttempt<'_> {
 }
 
 impl LockAttempt<'_> {
-    /// Re-enters the owner's grant `token` from the engine's line. A waiter that was queued
-    /// for a turn and has no company leaves the turn queue, as a waiter's grant would have
-    /// (otherwise a later release would reserve the lock for a client nobody waits in).
-    async fn reenter_from_line(
+    /// One try, decided by what the hold table says once this acquire holds the hold's
+    /// [`AcquireTicket`] (an owner's acquires go out one at a time; see the ticket):
+    ///
+    /// - The owner holds a grant: a reentrant lock re-enters it (another future of the task got
+    ///   the lock while this one waited in line; a plain try would find the owner's hold in
+    ///   Redis and replace it as an orphan, ending that future's grant under it), unless its
+    ///   guard was detached meanwhile (the hold then belongs to the guard's task: wait for it
+    ///   like any other task). A non-reentrant lock is busy until that hold ends. Either wait
+    ///   is woken by the hold's release message.
+    /// - Otherwise a plain try, or a waiter's try with `waiter`.
+    ///
+    /// A waiter that re-entered and was queued for a turn alone leaves the turn queue, as a
+    /// waiter's grant would have (otherwise a later release would reserve the lock for a client
+    /// nobody waits in).
+    async fn try_once(
         &self,
-        token: FencingToken,
         waiter: Option<Waiter<'_>>,
         budget: Duration,
     ) -> Result<Tried<Granted>> {
-        let tried = self.send(AcquireMode::Reenter(token), budget).await?;
-        match &tried {
-            Tried::Granted(_) => {
-                if waiter.is_some_and(|w| !w.more) {
-                    wait::leave_turn_queue(self.client, &self.hold.keys);
-                }
+        let client = self.client;
+        let mut budget = budget;
+        let (ticket, prepared) = loop {
+            if let Some(taken) = client.holds.begin_acquire(&self.hold) {
+                break taken;
             }
-            // The grant is gone (expired, force-unlocked): the next try competes as anyone.
-            Tried::Busy(_) => self.client.holds.lose(&self.hold, token),
+            let started = Instant::now();
+            if !Box::pin(client.holds.until_acquired(&self.hold, started + budget)).await {
+                return Err(LockError::Timeout);
+            }
+            budget = budget
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1));
+        };
+        let mode = match (prepared.grant, self.reentrant) {
+            (Some(grant), true) if !(prepared.detached && self.task_owned) => {
+                AcquireMode::Reenter(grant.token)
+            }
+            (Some(_), _) => return Ok(Tried::Busy(None)),
+            (None, true) => match waiter {
+                Some(waiter) => AcquireMode::Waiter(waiter),
+                None => AcquireMode::Try,
+            },
+            (None, false) => AcquireMode::NonReentrant(waiter),
+        };
+        let tried = self.send(mode, budget, ticket).await?;
+        if let AcquireMode::Reenter(token) = mode {
+            match &tried {
+                Tried::Granted(_) => {
+                    if waiter.is_some_and(|w| !w.more) {
+                        wait::leave_turn_queue(client, &self.hold.keys);
+                    }
+                }
+                // The grant is gone (expired, force-unlocked): the next try competes as anyone.
+                Tried::Busy(_) => client.holds.lose(&self.hold, token),
+            }
         }
         Ok(tried)
     }
@@ -471,7 +477,15 @@ impl LockAttempt<'_> {
     /// One acquire script call, within `budget`. If the reply never comes (timeout, connection
     /// lost, or this future dropped while the call is in flight) the acquire is settled in the
     /// background.
-    async fn send(&self, mode: AcquireMode<'_>, budget: Duration) -> Result<Tried<Granted>> {
+    async fn send(
+        &self,
+        mode: AcquireMode<'_>,
+        budget: Duration,
+        ticket: AcquireTicket,
+    ) -> Result<Tried<Granted>> {
+        // Handed to the table with the grant, or dropped last, after the settle is registered
+        // (locals drop in reverse order): the owner's next acquire then sees either.
+        let ticket = ticket;
         let client = self.client;
         // An earlier unanswered command of this hold may have left a hold that this acquire
         // would re-enter; it is settled first, within the same budget. (Boxed: in the common
@@ -510,7 +524,7 @@ impl LockAttempt<'_> {
                 pending.disarm();
                 let share = client
                     .holds
-                    .grant(&self.hold, fence, hold_count, self.mode, sent_at);
+                    .grant(ticket, &self.hold, fence, hold_count, self.mode, sent_at);
                 Ok(Tried::Granted(Granted {
                     owner: self.hold.owner.clone(),
                     fence,

@@ -1097,3 +1097,47 @@ async fn defect12_futures_joined_in_one_task_re_enter_instead_of_replacing() {
     b_unlock.unwrap();
     assert!(!exists(&redis, lock.keys().hash()));
 }
+
+/// Holds `guard` for 50 ms and releases it: (hold count, token), whether it was still held at
+/// the end, and the unlock's outcome.
+async fn hold_a_while(
+    guard: leasehold::LockGuard<'_>,
+) -> ((u64, leasehold::FencingToken), bool, leasehold::Result<()>) {
+    let seen = (guard.hold_count(), guard.fencing_token());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let held = guard.is_held();
+    (seen, held, guard.unlock().await)
+}
+
+/// The same class with both tries in flight at once: a `try_lock` and a waiting acquire of one
+/// task, sent together on a free lock. Neither knew of the other's grant, so both went out as
+/// plain tries, and the second found the first's fresh hold in Redis and replaced it as an
+/// orphan. (Found by the chaos checker once its tasks ran joined ops: a `run_once` job lost
+/// its lock to its own task's other op, which then released it while the job ran.)
+///
+/// Failed before the fix: two fencing tokens, hold counts 1 and 1, and the first guard lost.
+#[tokio::test]
+async fn defect12_two_tries_of_one_task_in_flight_together_do_not_replace_each_other() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("stock:together").unwrap();
+    let (a, b) = tokio::join!(
+        async { hold_a_while(lock.try_lock().await.unwrap().expect("free")).await },
+        async {
+            let guard = lock.try_lock_for(Duration::from_secs(5)).await.unwrap();
+            hold_a_while(guard.expect("re-enters")).await
+        },
+    );
+    let ((a, a_held, a_unlock), (b, b_held, b_unlock)) = (a, b);
+    assert_eq!(a.1, b.1, "one grant, re-entered: the same fencing token");
+    let mut counts = [a.0, b.0];
+    counts.sort();
+    assert_eq!(counts, [1, 2]);
+    assert!(
+        a_held && b_held,
+        "neither grant was replaced under its guard"
+    );
+    a_unlock.unwrap();
+    b_unlock.unwrap();
+    assert!(!exists(&redis, lock.keys().hash()));
+}

@@ -41,4 +41,4 @@ mod table;
 
 pub use lease::LeaseState;
 pub use service::{RenewFuture, Renewer, ScriptRenewer, Watchdog, WatchdogConfig, WatchdogStats};
-pub use table::{HeldGrant, HoldGuard, LeaseMode, Prepared, ReleaseTicket, Settle};
+pub use table::{AcquireTicket, HeldGrant, HoldGuard, LeaseMode, Prepared, ReleaseTicket, Settle};

@@ -68,6 +68,8 @@ pub(crate) struct Entry {
     pub(crate) detached: u32,
     /// Releases of this hold in flight.
     pub(crate) releasing: u32,
+    /// An acquire of this hold is in flight ([`AcquireTicket`]).
+    pub(crate) acquiring: bool,
     /// What only the rare paths need, kept out of line: a client may hold 10,000 entries.
     pub(crate) extra: Option<Box<Extra>>,
 }
@@ -82,6 +84,8 @@ pub(crate) struct Extra {
     pub(crate) released: Option<Arc<Notify>>,
     /// Woken when the grant ends (released, lost or replaced).
     pub(crate) ended: Option<Arc<Notify>>,
+    /// Woken when the acquire in flight is answered.
+    pub(crate) acquired: Option<Arc<Notify>>,
 }
 
 impl Entry {
@@ -89,6 +93,7 @@ impl Entry {
         self.grant.is_none()
             && self.detached == 0
             && self.releasing == 0
+            && !self.acquiring
             && self.extra.as_ref().is_none_or(|x| x.settling.is_none())
     }
 
@@ -156,6 +161,7 @@ impl State {
             grant: None,
             detached: 0,
             releasing: 0,
+            acquiring: false,
             extra: None,
         });
         let hash = self.hasher.hash_one(hold);
@@ -386,7 +392,116 @@ impl Drop for ReleaseTicket {
     }
 }
 
+/// The one acquire of a hold in flight. An owner's acquires go out one at a time, each after
+/// looking at the table: two in flight together would both be plain tries (neither knows of
+/// the other's grant yet), and the second would find the first's hold in Redis and replace it
+/// as the orphan of a lost reply. Dropping the ticket (answered, settled or cancelled) lets
+/// the next one go.
+pub struct AcquireTicket {
+    shared: Arc<Shared>,
+    slot: usize,
+    entry_id: u64,
+    /// Cleared when [`Watchdog::grant`] took the ticket back in its own look at the table.
+    live: bool,
+}
+
+impl fmt::Debug for AcquireTicket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcquireTicket").finish_non_exhaustive()
+    }
+}
+
+impl AcquireTicket {
+    /// Ends the acquire in flight: the owner's next acquire may go. `slot` is the ticket's.
+    fn end(&mut self, state: &mut State) {
+        self.live = false;
+        let Some(entry) = state
+            .entries
+            .get_mut(self.slot)
+            .filter(|e| e.id == self.entry_id)
+        else {
+            return;
+        };
+        entry.acquiring = false;
+        if let Some(notify) = entry.extra.as_mut().and_then(|x| x.acquired.take()) {
+            notify.notify_waiters();
+        }
+    }
+}
+
+impl Drop for AcquireTicket {
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        let shared = self.shared.clone();
+        let mut state = shared.state.lock();
+        self.end(&mut state);
+        state.tidy(self.slot);
+    }
+}
+
 impl Watchdog {
+    /// Takes the ticket for an acquire of `hold` and reads what it must know, in one look at
+    /// the table; `None` while another acquire of the hold is in flight (a future of the same
+    /// task, or a task sharing an explicit owner): wait with [`Watchdog::until_acquired`].
+    pub fn begin_acquire(&self, hold: &HoldId) -> Option<(AcquireTicket, Prepared)> {
+        let mut state = self.shared.state.lock();
+        let slot = state.entry(hold);
+        let entry = &mut state.entries[slot];
+        if entry.acquiring {
+            return None;
+        }
+        entry.acquiring = true;
+        let prepared = Prepared {
+            grant: entry.held(),
+            detached: entry.detached > 0,
+        };
+        let ticket = AcquireTicket {
+            shared: self.shared.clone(),
+            slot,
+            entry_id: entry.id,
+            live: true,
+        };
+        Some((ticket, prepared))
+    }
+
+    /// Waits until no acquire of `hold` is in flight, or until `deadline`; false on the
+    /// deadline.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn until_acquired(&self, hold: &HoldId, deadline: Instant) -> bool {
+        loop {
+            let notify = {
+                let mut state = self.shared.state.lock();
+                let Some(slot) = state.find(hold) else {
+                    return true;
+                };
+                let entry = &mut state.entries[slot];
+                if !entry.acquiring {
+                    return true;
+                }
+                entry
+                    .extra()
+                    .acquired
+                    .get_or_insert_with(Default::default)
+                    .clone()
+            };
+            let done = || !self.is_acquiring(hold);
+            if !notified_unless(&notify, done, Some(deadline)).await {
+                return false;
+            }
+        }
+    }
+
+    fn is_acquiring(&self, hold: &HoldId) -> bool {
+        let state = self.shared.state.lock();
+        state
+            .find(hold)
+            .is_some_and(|slot| state.entries[slot].acquiring)
+    }
+
     /// Registers a release of `hold` about to be sent; see [`ReleaseTicket`].
     pub fn begin_release(&self, hold: &HoldId) -> ReleaseTicket {
         let mut state = self.shared.state.lock();
@@ -402,8 +517,9 @@ impl Watchdog {
         }
     }
 
-    /// Records a grant answered by an acquire of `hold` sent at `sent_at`: `hold_count` 1 is a
-    /// new grant, more a re-entry of the grant `token`. Returns the new guard's share.
+    /// Records a grant answered by the acquire of `hold` that holds `ticket`, sent at
+    /// `sent_at`: `hold_count` 1 is a new grant, more a re-entry of the grant `token`. Returns
+    /// the new guard's share; the ticket ends in the same look at the table.
     ///
     /// A new grant (or a re-entry with a token the table does not have) while the table has a
     /// grant for the hold means Redis no longer had that one (force-unlocked, expired, lost
@@ -411,6 +527,7 @@ impl Watchdog {
     /// entry of its own, so a renewal verdict still in flight for the old one cannot touch it.
     pub fn grant(
         &self,
+        mut ticket: AcquireTicket,
         hold: &HoldId,
         token: FencingToken,
         hold_count: u64,
@@ -424,7 +541,17 @@ impl Watchdog {
         };
         let valid_until = lease.valid_until(sent_at);
         let mut state = self.shared.state.lock();
-        let slot = state.entry(hold);
+        // The ticket's entry is the hold's (an entry with an acquire in flight stays).
+        let slot = if state
+            .entries
+            .get(ticket.slot)
+            .is_some_and(|e| e.id == ticket.entry_id)
+        {
+            ticket.slot
+        } else {
+            state.entry(hold)
+        };
+        ticket.end(&mut state);
         let joinable = state.entries[slot]
             .grant
             .as_ref()

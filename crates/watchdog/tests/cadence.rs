@@ -60,7 +60,11 @@ fn watch(
     sent_at: Instant,
 ) -> HoldGuard {
     let hold = HoldId::new(keys.clone(), owner.clone());
+    let (ticket, _) = watchdog
+        .begin_acquire(&hold)
+        .expect("no acquire of this hold in flight");
     watchdog.grant(
+        ticket,
         &hold,
         FencingToken::new(7),
         hold_count,
