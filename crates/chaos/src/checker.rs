@@ -22,8 +22,11 @@
 //! owner id when at some instant of the overlap two different tasks ran them
 //! ([`OVERLAP_TWO_TASKS`]): a guard handed to a spawned task while the task that acquired it
 //! asked again and re-entered the hold (ownership is the acquiring task). Only nested re-entry
-//! within one task may overlap. The data-loss allowance of the overlap check applies to both,
-//! and so does its soundness: both sections are proven by true belief samples.
+//! within one task may overlap, and only as re-entry: one grant, one fencing token. Two
+//! grants with different tokens overlapping in one task (futures joined in one task, where the
+//! second replaced the first's grant under it) are counted too ([`OVERLAP_REPLACED`]). The
+//! data-loss allowance of the overlap check applies to all three, and so does its soundness:
+//! both sections are proven by true belief samples.
 //!
 //! # Waiters left waiting on a free lock
 //!
@@ -333,6 +336,8 @@ pub const FENCE_RESTART: &str = "fence: tokens that went backwards across a Redi
 pub const OVERLAP: &str = "exclusion: overlapping holds, both holders believed valid";
 pub const OVERLAP_TWO_TASKS: &str =
     "exclusion: two tasks' critical sections overlapping under one owner id";
+pub const OVERLAP_REPLACED: &str =
+    "exclusion: two grants at once under one owner in one task (one replaced the other)";
 pub const OVERLAP_DATA_LOSS: &str = "exclusion: overlaps after Redis lost its data";
 pub const LATE_WRITES: &str = "exclusion: writes landing after the writer's lease, in another hold";
 pub const ORPHANED: &str =
@@ -751,6 +756,7 @@ fn exclusion_checks(
     }
     let mut violations = 0;
     let mut two_tasks = 0;
+    let mut replaced = 0;
     let mut data_loss = 0;
     for beliefs in by_res.values_mut() {
         beliefs.sort_by_key(|b| b.from);
@@ -763,10 +769,14 @@ fn exclusion_checks(
                     b.op.granted.as_ref().expect("belief needs a grant"),
                 );
                 let overlap_end = a.to.min(b.to);
-                // One owner id: a nested re-entry while one task runs both sections, two
-                // critical sections at once when two tasks do.
+                // One owner id: a nested re-entry while one task runs both sections (one grant,
+                // one token), two critical sections at once when two tasks do. Two grants of
+                // one owner in one task (different tokens: futures joined in the task, one
+                // grant replacing the other under its guard) are no re-entry.
                 let one_owner = oa.owner == ob.owner;
-                if one_owner && two_tasks_at(a.op, b.op, b.from, overlap_end).is_none() {
+                let one_task = two_tasks_at(a.op, b.op, b.from, overlap_end).is_none();
+                let two_grants = matches!((oa.token, ob.token), (Some(x), Some(y)) if x != y);
+                if one_owner && one_task && !two_grants {
                     continue;
                 }
                 // Redis losing its data between the first acquire and the second grant lets
@@ -781,7 +791,10 @@ fn exclusion_checks(
                     Some(_) => "believed past its lease after Redis lost its data: ",
                     None => "",
                 };
-                let what = if one_owner {
+                let what = if one_owner && one_task {
+                    replaced += 1;
+                    "two grants under one owner id in one task, "
+                } else if one_owner {
                     two_tasks += 1;
                     "two tasks under one owner id, "
                 } else {
@@ -807,6 +820,9 @@ fn exclusion_checks(
     report
         .checks
         .push(CheckLine::must_be_zero(OVERLAP_TWO_TASKS, two_tasks));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(OVERLAP_REPLACED, replaced));
     report.checks.push(CheckLine {
         name: OVERLAP_DATA_LOSS,
         count: data_loss,
@@ -898,7 +914,7 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
             .or_default()
             .push(op);
     }
-    let (mut orphaned, mut racing_drop, mut handed_off) = (0, 0, 0);
+    let (mut orphaned, mut racing_drop, mut handed_off, mut joined) = (0, 0, 0, 0);
     let (mut after_no_hold, mut after_release, mut after_unlock) = (0, 0, 0);
     for sequence in by_owner.values_mut() {
         sequence.sort_by_key(|o| o.begin);
@@ -914,6 +930,20 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
             };
             if sequence[..=i].iter().any(section_alive) {
                 handed_off += 1;
+                continue;
+            }
+            // An op of the same task that ran alongside (joined futures) and held this very
+            // grant when it was re-entered: a re-entry, not an orphan. (`run_once` records no
+            // token: its hold counts when it was under way.)
+            let sibling_holds = |p: &&Op| {
+                p.key != op.key
+                    && p.granted.as_ref().is_some_and(|g| {
+                        g.t <= grant.t && (g.token.is_none() || g.token == grant.token)
+                    })
+                    && p.released.as_ref().is_none_or(|(t, _, _)| *t >= grant.t)
+            };
+            if sequence.iter().any(sibling_holds) {
+                joined += 1;
                 continue;
             }
             match &previous.released {
@@ -942,7 +972,8 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
             "{after_no_hold} after an op without a hold, {after_release} after an unanswered \
              release, {after_unlock} after a clean unlock (a retry within the call, or a chain); \
              not counted: {racing_drop} racing a dropped guard's background release, \
-             {handed_off} re-entering a hold a hand-off section still used{}",
+             {handed_off} re-entering a hold a hand-off section still used, {joined} re-entering \
+             a hold a joined op of the same task still used{}",
             if config.tolerate_orphaned_reentry {
                 " (tolerated: known library bug)"
             } else {
@@ -1660,6 +1691,43 @@ mod tests {
         )];
         let report = run(&h, &[], &[]);
         assert_eq!(report.count(OVERLAP), 0);
+    }
+
+    #[test]
+    fn two_grants_of_one_owner_in_one_task_overlap() {
+        // Futures joined in one task: the second got a grant of its own (another token) while
+        // the first still believed in its own.
+        let h = [history(
+            0,
+            [
+                hold(1, "a", 10, 0, 100, 900, None, 1000),
+                hold(2, "a", 11, 500, 600, 700, None, 800),
+            ]
+            .concat(),
+        )];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(OVERLAP_REPLACED), 1, "{report}");
+        assert_eq!(report.count(OVERLAP), 0);
+        assert_eq!(report.count(OVERLAP_TWO_TASKS), 0);
+    }
+
+    #[test]
+    fn re_entering_a_joined_ops_hold_is_no_orphan() {
+        // Two ops of one task at once: the second re-enters the first's grant (hold count 2)
+        // while the first still holds it.
+        let mut second = hold(2, "a", 10, 500, 600, 700, None, 800);
+        for event in &mut second {
+            if let Event::Granted { hold_count, .. } = event {
+                *hold_count = 2;
+            }
+        }
+        let h = [history(
+            0,
+            [hold(1, "a", 10, 0, 100, 900, None, 1000), second].concat(),
+        )];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(ORPHANED), 0, "{report}");
+        assert_eq!(report.count(OVERLAP_REPLACED), 0, "{report}");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `leasehold-chaos client`: one client process. Its tasks loop: acquire (a random lock kind),
 //! check the lease, write to the fenced store, hold briefly, release, recording every step.
 //! Now and then a task hands its guard to a task it spawns, which does the hold while the
-//! first task goes on with its next operation (see [`hand_off`]).
+//! first task goes on with its next operation (see [`hand_off`]). Now and then a task runs two
+//! operations on one lock at once, as futures joined in one task: one owner, so the second
+//! re-enters the first's grant or, through a non-reentrant handle, waits for it.
 //!
 //! SIGTERM: finish the current operation and stop (a waiter still waiting after
 //! [`DRAIN_DEADLINE`] is recorded as abandoned), then print `DRAINED`. SIGUSR1: exit.
@@ -230,10 +232,33 @@ async fn task_loop(
             Some(res) if rng.chance(50) => res,
             _ => rng.below(u64::from(ctx.config.resources)) as u32,
         };
-        handed_off = one_op(&ctx, task, op, res, &mut rng, &mut store).await?;
-        if handed_off.is_none() {
-            // A hand-off section finishes its op itself.
-            ctx.in_flight.lock().unwrap().remove(&op);
+        if rng.chance(JOINED_PERCENT) {
+            // Two ops of this task at once on one lock, as futures joined in one task: one
+            // owner, so the second re-enters the first's grant (or, through a non-reentrant
+            // handle, waits for it), and never gets a grant of its own alongside it.
+            let op2 = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+            ctx.in_flight.lock().unwrap().insert(op2);
+            let mut rng2 = rng.fork(op2);
+            let mut store2 = None;
+            let (first, second) = tokio::join!(
+                one_op(&ctx, task, op, res, &mut rng, &mut store, true),
+                one_op(&ctx, task, op2, res, &mut rng2, &mut store2, true),
+            );
+            let (first, second) = (first?, second?);
+            debug_assert!(
+                first.is_none() && second.is_none(),
+                "joined ops hand nothing off"
+            );
+            handed_off = None;
+            let mut in_flight = ctx.in_flight.lock().unwrap();
+            in_flight.remove(&op);
+            in_flight.remove(&op2);
+        } else {
+            handed_off = one_op(&ctx, task, op, res, &mut rng, &mut store, false).await?;
+            if handed_off.is_none() {
+                // A hand-off section finishes its op itself.
+                ctx.in_flight.lock().unwrap().remove(&op);
+            }
         }
         sleep(Duration::from_millis(rng.range(0, 30))).await;
     }
@@ -245,6 +270,9 @@ const KIND_WEIGHTS: [u64; 7] = [3, 2, 3, 2, 2, 2, 2];
 /// the library makes the hand-off explicit, each one whose task asks for the same lock again
 /// while the section still runs is a violation (two tasks in one critical section).
 const HANDOFF_PERCENT: u64 = 8;
+
+/// How often a task runs two ops at once on one lock (futures joined in one task).
+const JOINED_PERCENT: u64 = 10;
 
 /// How often an op acquires through [`leasehold::Lock::non_reentrant`].
 const NON_REENTRANT_PERCENT: u64 = 25;
@@ -278,12 +306,13 @@ async fn one_op(
     res: u32,
     rng: &mut Rng,
     store: &mut Option<Store>,
+    joined: bool,
 ) -> anyhow::Result<Option<u32>> {
     let kind = Kind::ALL[rng.weighted(&KIND_WEIGHTS)];
     let lock = ctx.client.lock(&resource_name(res))?;
-    // Some ops through a non-reentrant handle: their tries use the script's no-re-entry mode,
-    // and a non-reentrant try_lock goes through the client's line. A task's ops are
-    // sequential, so every rule of the checker holds for them unchanged.
+    // Some ops through a non-reentrant handle: their tries use the script's no-re-entry mode.
+    // Joined with a sibling op, such an op waits for the sibling's hold instead of
+    // re-entering it, and the checker's overlap rules see any second grant.
     let lock = if rng.chance(NON_REENTRANT_PERCENT) {
         lock.non_reentrant()
     } else {
@@ -324,7 +353,13 @@ async fn one_op(
                 token: Some(guard.fencing_token().get()),
                 hold_count: guard.hold_count(),
             });
-            if matches!(kind, Kind::Lock | Kind::TryLockFor) && rng.chance(HANDOFF_PERCENT) {
+            // Not from joined ops: a sibling may already have re-entered the grant, and
+            // handing one of its guards away would put two tasks in it by the caller's own
+            // doing (the two-task rule would count it).
+            if !joined
+                && matches!(kind, Kind::Lock | Kind::TryLockFor)
+                && rng.chance(HANDOFF_PERCENT)
+            {
                 hand_off(ctx, op, res, rng.fork(op), guard)?;
                 return Ok(Some(res));
             }
