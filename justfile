@@ -23,14 +23,20 @@ setup:
 demo: setup
     cargo run --quiet --release -p leasehold-cli -- demo
 
-# Everything CI checks: formatting, clippy with -D warnings, every test in the workspace, and
-# every example run to completion.
+# Everything CI checks: formatting, clippy and rustdoc with -D warnings, every test in the
+# workspace, and every example run to completion.
 test: setup
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
     just examples
     cargo test --workspace --all-targets
     cargo test --workspace --doc
+
+# Build and verify the package of every published crate, as `cargo publish` would (bench and
+# chaos are not published). Several minutes: each package is built from its packaged sources.
+package:
+    cargo package --workspace --exclude leasehold-bench --exclude leasehold-chaos
 
 # Run every example in examples/ (each starts its own redis-server unless REDIS_URL is set).
 examples:

@@ -155,7 +155,7 @@ impl LockClient {
     /// A handle on the lock `name`. Cheap; nothing is sent until you lock.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] for an empty name, one over
+    /// [`LockError::InvalidArgument`](crate::LockError::InvalidArgument) for an empty name, one over
     /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes, with control characters, or with braces that
     /// are not a well-formed hash tag.
     pub fn lock(&self, name: &str) -> Result<Lock> {
