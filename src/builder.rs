@@ -1,5 +1,6 @@
 //! [`LockClientBuilder`]: settings with defaults that work, and building a client.
 
+use leasehold_core::telemetry::{LockMetrics, KIND_LOCK};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -264,6 +265,7 @@ impl LockClientBuilder {
                 scripts,
                 holds,
                 notifier,
+                lock_metrics: LockMetrics::register(KIND_LOCK),
             }),
         })
     }

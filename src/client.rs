@@ -9,6 +9,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use leasehold_core::scripts::Scripts;
+use leasehold_core::telemetry::LockMetrics;
 use leasehold_core::{ClientId, LockKeys, Owner, Prefix, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
@@ -93,6 +94,8 @@ pub(crate) struct ClientInner {
     /// The hold table and its renewal service.
     pub(crate) holds: Watchdog,
     pub(crate) notifier: ReleaseNotifier,
+    /// The plain lock's metrics (handles registered when the client was built).
+    pub(crate) lock_metrics: LockMetrics,
 }
 
 impl Drop for ClientInner {

@@ -65,6 +65,8 @@ pub struct LockGuard<'a> {
     /// Acquired under the task's own owner (not an explicit, shared one): detaching it keeps
     /// the task from re-entering.
     task_owned: bool,
+    /// When the grant was answered: the hold time in the metrics is measured from here.
+    acquired_at: Instant,
     /// Borrows the handle the guard came from (see the type's docs).
     _lock: PhantomData<&'a ()>,
 }
@@ -97,6 +99,7 @@ impl<'a> LockGuard<'a> {
             hold_count: u32::try_from(hold_count).unwrap_or(u32::MAX),
             share: Some(share),
             task_owned,
+            acquired_at: Instant::now(),
             _lock: PhantomData,
         }
     }
@@ -206,6 +209,7 @@ impl<'a> LockGuard<'a> {
             hold_count: self.hold_count,
             share,
             task_owned: self.task_owned,
+            acquired_at: self.acquired_at,
             _lock: PhantomData,
         }
     }
@@ -222,6 +226,7 @@ impl<'a> LockGuard<'a> {
     /// Takes this guard's hold out of the hold table (stopping renewal) and prepares its
     /// release: whatever the reply, this guard no longer keeps the lease alive.
     fn start_release(&mut self, kind: ReleaseKind) -> Release {
+        self.client.lock_metrics.hold(self.acquired_at.elapsed());
         let ends_within = self.valid_until().saturating_duration_since(Instant::now())
             + self.client.command_timeout;
         // The share leaves the table and the release is registered in one step: from here the

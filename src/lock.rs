@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind, Waiter};
+use leasehold_core::telemetry::{LockMetrics, Outcome};
 use leasehold_core::{DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
 use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode};
 use tokio::time::Instant;
@@ -275,7 +276,47 @@ impl Lock {
     /// Re-entry never waits: when the owner already holds the lock, one try re-enters it (a
     /// non-reentrant handle waits here until that hold ends, without sending anything).
     /// Otherwise the waiting engine ([`crate::wait`]) drives [`LockAttempt`].
+    ///
+    /// Counted in the metrics (`leasehold_acquisitions_total`, `leasehold_wait_seconds`).
     async fn acquire(
+        &self,
+        wait: Option<Duration>,
+        lease: Option<Duration>,
+    ) -> Result<Option<LockGuard<'_>>> {
+        let started = Instant::now();
+        // A span only when its level is on: when off, the hot path builds none and stays
+        // unboxed.
+        let span = tracing::info_span!(
+            "leasehold.acquire",
+            lock = %self.keys.name(),
+            owner = tracing::field::Empty,
+            token = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let result = if span.is_disabled() {
+            self.acquire_uncounted(wait, lease).await
+        } else {
+            span.record("owner", tracing::field::display(self.owner()));
+            let acquire = self.acquire_uncounted(wait, lease);
+            Box::pin(tracing::Instrument::instrument(acquire, span.clone())).await
+        };
+        let (outcome, waited) = match &result {
+            Ok(Some(_)) => (Outcome::Granted, Some(started.elapsed())),
+            Ok(None) if wait == Some(Duration::ZERO) => (Outcome::Busy, None),
+            Ok(None) => (Outcome::TimedOut, None),
+            Err(_) => (Outcome::Error, None),
+        };
+        if !span.is_disabled() {
+            span.record("outcome", outcome.as_str());
+            if let Ok(Some(guard)) = &result {
+                span.record("token", guard.fencing_token().get());
+            }
+        }
+        self.client.lock_metrics.acquisition(outcome, waited);
+        result
+    }
+
+    async fn acquire_uncounted(
         &self,
         wait: Option<Duration>,
         lease: Option<Duration>,
@@ -411,6 +452,10 @@ impl Attempt for LockAttempt<'_> {
 
     fn lease(&self) -> Duration {
         self.lease.duration()
+    }
+
+    fn metrics(&self) -> &LockMetrics {
+        &self.client.lock_metrics
     }
 }
 

@@ -46,6 +46,21 @@ impl Release {
     /// # Cancel safety
     /// Cancel safe: see above.
     pub(crate) async fn send(self) -> Result<()> {
+        // A span only when its level is on (see `Lock::acquire`).
+        let span = tracing::info_span!(
+            "leasehold.release",
+            lock = %self.hold.keys.name(),
+            owner = %self.hold.owner,
+            token = self.token.map(FencingToken::get),
+        );
+        if span.is_disabled() {
+            self.send_untraced().await
+        } else {
+            Box::pin(tracing::Instrument::instrument(self.send_untraced(), span)).await
+        }
+    }
+
+    async fn send_untraced(self) -> Result<()> {
         let client = &self.client;
         // Armed from the start: dropped before the release was sent (waiting for an earlier
         // settle or for the connection), the release is still owed, so it is settled too.

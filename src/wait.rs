@@ -59,6 +59,9 @@ pub(crate) trait Attempt {
 
     /// How long a grant keeps the lock at most: what the next local waiter is told.
     fn lease(&self) -> Duration;
+
+    /// The kind's metrics ([`leasehold_core::telemetry`]).
+    fn metrics(&self) -> &leasehold_core::telemetry::LockMetrics;
 }
 
 /// Retry delay after transient errors while waiting: 10 ms doubling to 1 s.
@@ -86,6 +89,9 @@ pub(crate) struct Wait<'a> {
     last_error: Option<LockError>,
     /// Set when this waiter got the lock, with the grant's lease.
     granted: Option<Duration>,
+    /// When a message last woke this waiter, until its next try was answered busy: a grant
+    /// after it is a handoff (`leasehold_handoff_seconds`).
+    woken_at: Option<Instant>,
 }
 
 impl Drop for Wait<'_> {
@@ -119,6 +125,7 @@ impl<'a> Wait<'a> {
             backoff: Backoff(Backoff::FIRST),
             last_error: None,
             granted: None,
+            woken_at: None,
         }
     }
 
@@ -178,10 +185,14 @@ impl<'a> Wait<'a> {
         // without TTL): look again every second.
         let busy_for = busy_for.map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1));
         let wake_at = self.capped(busy_for);
-        tokio::select! {
+        let woken = tokio::select! {
             _ = self.place().woken() => true,
             _ = tokio::time::sleep_until(wake_at) => false,
+        };
+        if woken {
+            self.woken_at = Some(Instant::now());
         }
+        woken
     }
 
     /// Sleeps after a busy reply to a try made at message `epoch`. A busy time within the
@@ -258,6 +269,18 @@ pub(crate) async fn acquire<A: Attempt>(
     attempt: &mut A,
     deadline: Option<Instant>,
 ) -> Result<Option<A::Grant>> {
+    // The waiting engine is off the hot path (boxed by its callers): its span costs nothing
+    // when DEBUG is off, and shows each wait's tries when on.
+    let span = tracing::debug_span!("leasehold.wait", lock = %keys.name());
+    tracing::Instrument::instrument(wait_for(client, keys, attempt, deadline), span).await
+}
+
+async fn wait_for<A: Attempt>(
+    client: &Arc<ClientInner>,
+    keys: &LockKeys,
+    attempt: &mut A,
+    deadline: Option<Instant>,
+) -> Result<Option<A::Grant>> {
     let mut wait = Wait::join(client, keys, deadline);
     if !wait.until_head().await {
         return Ok(None);
@@ -282,10 +305,14 @@ pub(crate) async fn acquire<A: Attempt>(
         match attempt.attempt(waiter, budget).await {
             Ok(Tried::Granted(grant)) => {
                 wait.granted = Some(attempt.lease());
+                if let Some(woken_at) = wait.woken_at {
+                    attempt.metrics().handoff(woken_at.elapsed());
+                }
                 return Ok(Some(grant));
             }
             Ok(Tried::Busy(busy_for)) => {
                 wait.last_error = None;
+                wait.woken_at = None;
                 wait.backoff = Backoff(Backoff::FIRST);
                 if last || wait.expired() {
                     return Ok(None);

@@ -31,6 +31,7 @@ mod owner;
 pub mod protocol;
 pub mod scripts;
 pub mod slot;
+pub mod telemetry;
 
 pub use drop_guard::DropGuard;
 pub use error::{LockError, RedisError, Result};

@@ -66,6 +66,7 @@ pub(crate) struct Inner {
     settings: NotifierSettings,
     channels: Mutex<HashMap<String, Arc<Channel>>>,
     pub(crate) waiters: AtomicUsize,
+    pub(crate) metrics: leasehold_core::telemetry::SubscriberMetrics,
     connected: AtomicBool,
     connecting: Mutex<Option<Connecting>>,
     /// Serializes what this client sends on the subscriber connection. fred answers SUBSCRIBE
@@ -121,6 +122,7 @@ impl ReleaseNotifier {
             settings,
             channels: Mutex::new(HashMap::new()),
             waiters: AtomicUsize::new(0),
+            metrics: leasehold_core::telemetry::SubscriberMetrics::register(),
             connected: AtomicBool::new(false),
             connecting: Mutex::new(None),
             sending: tokio::sync::Mutex::new(()),
@@ -359,6 +361,7 @@ async fn receive_loop(inner: Weak<Inner>, (mut messages, mut reconnects): Receiv
                 match reconnect {
                     Ok(_) if std::mem::take(&mut first_connection) => {}
                     Ok(_) | Err(RecvError::Lagged(_)) => {
+                        inner.metrics.reconnect();
                         // Resubscribe first, then wake: a head that retries and fails must
                         // find its channel subscribed again, or the next release is lost.
                         let task = tokio::spawn(resubscribe(Arc::downgrade(&inner)));

@@ -61,6 +61,7 @@ impl Place {
         });
         channel.queue.lock().cells.push_back(cell.clone());
         inner.waiters.fetch_add(1, Ordering::SeqCst);
+        inner.metrics.waiters(1.0);
         Place {
             inner,
             channel,
@@ -144,6 +145,7 @@ impl Place {
 
     fn remove(&mut self, granted_for: Option<std::time::Duration>) -> bool {
         self.inner.waiters.fetch_sub(1, Ordering::SeqCst);
+        self.inner.metrics.waiters(-1.0);
         let empty = {
             let mut queue = self.channel.queue.lock();
             let was_head = queue

@@ -11,6 +11,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use leasehold_core::commands::{self, Renewal};
 use leasehold_core::scripts::Scripts;
+use leasehold_core::telemetry::{self, WatchdogMetrics};
 use leasehold_core::{Lease, LockError};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
@@ -95,6 +96,7 @@ pub struct WatchdogStats {
 pub(crate) struct Shared {
     pub(crate) config: WatchdogConfig,
     pub(crate) state: Mutex<State>,
+    pub(crate) metrics: WatchdogMetrics,
     pub(crate) changed: Notify,
     /// Releases in flight, over every hold: 0 lets the common acquire skip the table look.
     pub(crate) releases: AtomicUsize,
@@ -131,9 +133,11 @@ impl Watchdog {
     /// # Panics
     /// Outside a tokio runtime (it spawns its task).
     pub fn start(renewer: impl Renewer, config: WatchdogConfig) -> Watchdog {
+        let metrics = WatchdogMetrics::register();
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::new(metrics.clone())),
+            metrics,
             changed: Notify::new(),
             releases: AtomicUsize::new(0),
             settles: AtomicUsize::new(0),
@@ -247,10 +251,14 @@ fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<Due>>, Instant) {
                 state.end_grant(slot);
                 state.tidy(slot);
                 shared.lost.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.lease_lost();
                 tracing::warn!(lock = %hold.keys.name(), "lease lost: validity deadline passed before renewal");
                 continue;
             }
             let token = grant.token;
+            shared
+                .metrics
+                .renewal_lag(now.saturating_duration_since(at));
             taken.push(((slot, grant.id), Renewal { hold, token }));
         }
     }
@@ -290,6 +298,9 @@ fn settle_batch(shared: &Shared, done: BatchResult) {
         Ok(held) => held.iter().map(|h| Some(*h)).collect(),
         Err(error) => {
             shared.errors.fetch_add(1, Ordering::Relaxed);
+            for _ in &done.ids {
+                shared.metrics.renewal(telemetry::Renewal::Error);
+            }
             tracing::warn!(%error, holds = done.ids.len(), "lease renewal failed; retrying");
             vec![None; done.ids.len()]
         }
@@ -305,6 +316,7 @@ fn settle_batch(shared: &Shared, done: BatchResult) {
         let keep = match outcome {
             Some(true) if grant.lease.extend(valid_until) => {
                 shared.renewed.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.renewal(telemetry::Renewal::Renewed);
                 Some(done.sent_at + lease.duration() / 3)
             }
             Some(_) => None,
@@ -320,6 +332,8 @@ fn settle_batch(shared: &Shared, done: BatchResult) {
                 }
                 state.tidy(slot);
                 shared.lost.fetch_add(1, Ordering::Relaxed);
+                shared.metrics.renewal(telemetry::Renewal::Lost);
+                shared.metrics.lease_lost();
                 tracing::warn!(lock = %name, "lease lost: the grant is gone");
             }
         }

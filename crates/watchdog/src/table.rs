@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use hashbrown::{DefaultHashBuilder, HashTable};
+use leasehold_core::telemetry::WatchdogMetrics;
 use leasehold_core::{FencingToken, HoldId, Lease};
 use slab::Slab;
 use tokio::sync::Notify;
@@ -119,7 +120,6 @@ impl Entry {
 
 /// Entries live in a slab (one slot each); the index finds an entry by hold, the set orders
 /// the watched grants by due time.
-#[derive(Default)]
 pub(crate) struct State {
     pub(crate) entries: Slab<Entry>,
     /// Slots, found by hashing the hold stored in the entry: the index keeps no second copy of
@@ -133,9 +133,25 @@ pub(crate) struct State {
     pub(crate) planned: Option<Instant>,
     /// Grants alive (any mode).
     pub(crate) grants: usize,
+    /// The `leasehold_holds` gauge, moved with `grants`.
+    pub(crate) holds_gauge: WatchdogMetrics,
 }
 
 impl State {
+    /// An empty table whose grant count moves `holds_gauge`.
+    pub(crate) fn new(holds_gauge: WatchdogMetrics) -> State {
+        State {
+            entries: Slab::new(),
+            index: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            due: BTreeSet::new(),
+            next_id: 0,
+            planned: None,
+            grants: 0,
+            holds_gauge,
+        }
+    }
+
     fn next_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
@@ -193,6 +209,7 @@ impl State {
             self.due.remove(&(due, slot));
         }
         self.grants -= 1;
+        self.holds_gauge.holds(-1.0);
         Some(grant)
     }
 
@@ -570,6 +587,7 @@ impl Watchdog {
                 due: None,
             });
             state.grants += 1;
+            state.holds_gauge.holds(1.0);
         }
         let entry_id = state.entries[slot].id;
         let grant = state.entries[slot].grant.as_mut().expect("just made");
