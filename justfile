@@ -29,6 +29,7 @@ test: setup
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+    cargo clippy -p leasehold --no-default-features --all-targets -- -D warnings
     just examples
     cargo test --workspace --all-targets
     cargo test --workspace --doc
