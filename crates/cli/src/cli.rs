@@ -59,6 +59,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A refreshing view of the locks under the prefix: holder, hold count, lease left,
+    /// clients queued, fencing token and the grants seen while watching.
+    Watch {
+        /// Glob on the lock name (`*`, `?`, `[a-z]`, `\` escapes).
+        #[arg(default_value = "*")]
+        pattern: String,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Print one frame and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Release a lock whoever holds it, and wake its waiters.
     Unlock {
         /// Required: this removes someone else's hold. The holder only notices at its next

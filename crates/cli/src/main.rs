@@ -18,6 +18,7 @@ mod inspect;
 mod list;
 mod render;
 mod unlock;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -44,6 +45,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::List { pattern, json } => {
             block_on(list::run(cli.url_or_default(), &cli.prefix, pattern, *json))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Watch {
+            pattern,
+            interval,
+            once,
+        } => {
+            let interval = std::time::Duration::try_from_secs_f64(*interval)
+                .ok()
+                .filter(|i| !i.is_zero())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--interval must be a positive number of seconds")
+                })?;
+            block_on(watch::run(
+                cli.url_or_default(),
+                &cli.prefix,
+                pattern,
+                interval,
+                *once,
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Unlock {

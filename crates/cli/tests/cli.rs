@@ -8,7 +8,7 @@
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use fred::interfaces::{HashesInterface, KeysInterface, PubsubInterface};
+use fred::interfaces::{HashesInterface, KeysInterface, PubsubInterface, SortedSetsInterface};
 use fred::prelude::Value;
 use leasehold::LockClient;
 use leasehold_testkit::{ChildProcess, RedisServer};
@@ -512,4 +512,72 @@ fn demo_uses_postgres_when_database_url_is_set() {
         output.contains("stale write rejected by fencing token"),
         "{output}"
     );
+}
+
+/// `watch --once`: one frame with the holder, its hold count, the lease left, the clients
+/// queued for a turn and the grant's fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_once_shows_holder_queue_and_token() {
+    let redis = start_redis();
+    let url = redis.url();
+    let holder = LockClient::connect(&url).await.unwrap();
+    let waiter = LockClient::connect(&url).await.unwrap();
+    let lock = holder.lock("job:nightly").unwrap();
+    let guard = lock.lock().await.unwrap();
+    let inner = lock.try_lock().await.unwrap().expect("re-enters");
+    let queued_lock = waiter.lock("job:nightly").unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = queued_lock
+            .try_lock_for(Duration::from_secs(30))
+            .await
+            .unwrap();
+        guard.map(|g| g.detach())
+    });
+    // The waiter's client is queued once its first waiter's try was answered.
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    loop {
+        let queued: u64 = holder
+            .redis()
+            .zcard("leasehold:{job:nightly}:queue")
+            .await
+            .unwrap();
+        if queued == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's client never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let text = ok(&url, &["watch", "--once"]).await;
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("job:nightly"))
+        .unwrap_or_else(|| panic!("no row for the lock: {text}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    let token = guard.fencing_token().to_string();
+    assert_eq!(fields[1], "lock", "{row}");
+    assert_eq!(fields[2], guard.owner().to_string(), "{row}");
+    assert_eq!(fields[3], "2", "hold count: {row}");
+    let n = fields.len();
+    assert_eq!(
+        &fields[n - 3..],
+        ["1", token.as_str(), "1"],
+        "queued, token, grants seen: {row}"
+    );
+    assert!(
+        text.starts_with("leasehold watch: prefix \"leasehold\""),
+        "{text}"
+    );
+
+    inner.unlock().await.unwrap();
+    guard.unlock().await.unwrap();
+    let granted = waiting.await.unwrap().expect("the waiter gets its turn");
+    granted.unlock().await.unwrap();
+    let empty = ok(&url, &["watch", "--once"]).await;
+    assert!(empty.contains("no locks held"), "{empty}");
+    let bad = leasehold(&url, &["watch", "--interval", "0"]).await;
+    assert_clean_failure(&bad, "--interval must be a positive number of seconds");
 }
