@@ -24,7 +24,8 @@ demo: setup
     cargo run --quiet --release -p leasehold-cli -- demo
 
 # Everything CI checks: formatting, clippy and rustdoc with -D warnings, every test in the
-# workspace, and every example run to completion.
+# workspace (the facade's also without its default features: no metrics, no TLS), and every
+# example run to completion.
 test: setup
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
@@ -32,6 +33,7 @@ test: setup
     cargo clippy -p leasehold --no-default-features --all-targets -- -D warnings
     just examples
     cargo test --workspace --all-targets
+    cargo test -p leasehold --no-default-features --tests
     cargo test --workspace --doc
 
 # Build and verify the package of every published crate, as `cargo publish` would (bench and

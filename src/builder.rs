@@ -43,6 +43,18 @@ impl LockClient {
     /// A builder for a client of the Redis at `url` (`redis://[user:pass@]host:port[/db]`).
     /// A bad URL is reported by [`LockClientBuilder::build`].
     pub fn builder(url: &str) -> LockClientBuilder {
+        #[cfg(not(feature = "tls"))]
+        if ["rediss", "valkeys"]
+            .iter()
+            .any(|scheme| url.starts_with(scheme))
+        {
+            // fred without a TLS feature only logs a warning and connects in the clear.
+            return LockClientBuilder::new(Err(LockError::InvalidArgument(
+                "a TLS URL (rediss://) needs leasehold's `tls` feature, which is off in this \
+                 build"
+                    .into(),
+            )));
+        }
         LockClientBuilder::new(
             Config::from_url(url)
                 .map_err(|e| LockError::InvalidArgument(format!("bad Redis URL: {}", e.details()))),

@@ -43,8 +43,15 @@ pub(crate) async fn connect<C: ClientLike>(client: &C, timeout: Duration) -> Res
     }
 }
 
+#[cfg(feature = "tls")]
 fn is_tls_error(error: &fred::error::Error) -> bool {
     matches!(error.kind(), fred::error::ErrorKind::Tls)
+}
+
+/// Without the `tls` feature there are no TLS connections, so no TLS errors.
+#[cfg(not(feature = "tls"))]
+fn is_tls_error(_: &fred::error::Error) -> bool {
+    false
 }
 
 /// Closes `client` in the background (fred does not close a client on drop, and keeps

@@ -3,207 +3,236 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, TcpListener};
-use std::path::Path;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Mutex, Once};
 use std::time::Duration;
 
 use common::{cmd, exists, hget};
-use fred::prelude::{Config, TlsConfig, TlsConnector};
-use fred::rustls::{ClientConfig, RootCertStore};
-use fred::types::config::TlsHostMapping;
 use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
 use leasehold::{LockClient, LockError, Owner};
 use leasehold_core::commands::{self, ReleaseKind};
 use leasehold_core::ClientId;
 use leasehold_testkit::{RedisServer, RespValue};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
 
 // ---------------------------------------------------------------------------------------------
 // TLS
 // ---------------------------------------------------------------------------------------------
 
-/// A CA made for one test.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
+/// Needs the `tls` feature (on by default).
+#[cfg(feature = "tls")]
+mod tls {
+    use std::net::{Ipv4Addr, TcpListener};
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
 
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Ca { issuer }
+    use crate::common::{self, cmd};
+    use fred::prelude::{Config, TlsConfig, TlsConnector};
+    use fred::rustls::{ClientConfig, RootCertStore};
+    use fred::types::config::TlsHostMapping;
+    use leasehold::{LockClient, LockError};
+    use leasehold_testkit::RedisServer;
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+
+    /// A CA made for one test.
+    struct Ca {
+        issuer: CertifiedIssuer<'static, KeyPair>,
     }
 
-    /// A server certificate for 127.0.0.1 and localhost: (certificate PEM, key PEM).
-    fn server_cert(&self) -> (String, String) {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "leasehold test redis");
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
+    impl Ca {
+        fn new(name: &str) -> Ca {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+            let issuer =
+                CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+            Ca { issuer }
+        }
 
-    /// A rustls client trusting only this CA.
-    fn client_config(&self) -> ClientConfig {
-        let mut roots = RootCertStore::empty();
-        roots.add(self.issuer.der().clone()).unwrap();
-        ClientConfig::builder_with_provider(
-            Arc::new(fred::rustls::crypto::ring::default_provider()),
-        )
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth()
-    }
-}
+        /// A server certificate for 127.0.0.1 and localhost: (certificate PEM, key PEM).
+        fn server_cert(&self) -> (String, String) {
+            let mut params =
+                CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                    .unwrap();
+            params
+                .distinguished_name
+                .push(DnType::CommonName, "leasehold test redis");
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            (cert.pem(), key.serialize_pem())
+        }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A redis-server with a TLS port (server certificate from `ca`) next to the plain port the
-/// testkit uses for its own commands. Returns the server and its TLS port.
-fn tls_server(ca: &Ca, dir: &Path) -> (RedisServer, u16) {
-    let (cert, key) = ca.server_cert();
-    std::fs::write(dir.join("redis.crt"), cert).unwrap();
-    std::fs::write(dir.join("redis.key"), key).unwrap();
-    std::fs::write(dir.join("ca.crt"), ca.issuer.pem()).unwrap();
-    let mut last = None;
-    // The TLS port is picked free, then bound by redis-server: retry if someone took it.
-    for _ in 0..5 {
-        let port = free_port();
-        let started = RedisServer::builder()
-            .arg("--tls-port")
-            .arg(port.to_string())
-            .arg("--tls-cert-file")
-            .arg(dir.join("redis.crt"))
-            .arg("--tls-key-file")
-            .arg(dir.join("redis.key"))
-            .arg("--tls-ca-cert-file")
-            .arg(dir.join("ca.crt"))
-            .arg("--tls-auth-clients")
-            .arg("no")
-            .start();
-        match started {
-            Ok(server) => return (server, port),
-            Err(error) => last = Some(error),
+        /// A rustls client trusting only this CA.
+        fn client_config(&self) -> ClientConfig {
+            let mut roots = RootCertStore::empty();
+            roots.add(self.issuer.der().clone()).unwrap();
+            ClientConfig::builder_with_provider(Arc::new(
+                fred::rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth()
         }
     }
-    panic!("cannot start a TLS redis-server: {last:?}");
-}
 
-/// `rediss://` config whose TLS trusts `ca` only. (fred fills in a connector with the system
-/// roots for `rediss://`; on a machine without a CA bundle that fails, so the plain URL with
-/// TLS set by hand, which is the same connection, is the fallback.)
-fn tls_config(port: u16, ca: &Ca) -> Config {
-    let mut config = Config::from_url(&format!("rediss://127.0.0.1:{port}"))
-        .or_else(|_| Config::from_url(&format!("redis://127.0.0.1:{port}")))
-        .unwrap();
-    config.tls = Some(TlsConfig {
-        connector: TlsConnector::from(ca.client_config()),
-        hostnames: TlsHostMapping::None,
-    });
-    config
-}
+    fn free_port() -> u16 {
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
 
-/// A client over TLS, trusting the test's CA: locks, waits (the subscriber connection is TLS
-/// too) and renews.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_with_a_private_ca_works_for_every_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("leasehold test CA");
-    let (redis, port) = tls_server(&ca, dir.path());
-    let build = || {
-        LockClient::builder_from_config(tls_config(port, &ca))
-            .lease(Duration::from_secs(3))
-            .build()
-    };
-    let holder = build().await.expect("TLS connect with the private CA");
-    let waiter = build().await.unwrap();
-    let guard_lock = holder.lock("tls").unwrap();
-    let guard = guard_lock.lock().await.unwrap();
-    let lock = waiter.lock("tls").unwrap();
-    let waiting = tokio::spawn(async move {
-        lock.try_lock_for(Duration::from_secs(10))
+    /// A redis-server with a TLS port (server certificate from `ca`) next to the plain port the
+    /// testkit uses for its own commands. Returns the server and its TLS port.
+    fn tls_server(ca: &Ca, dir: &Path) -> (RedisServer, u16) {
+        let (cert, key) = ca.server_cert();
+        std::fs::write(dir.join("redis.crt"), cert).unwrap();
+        std::fs::write(dir.join("redis.key"), key).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca.issuer.pem()).unwrap();
+        let mut last = None;
+        // The TLS port is picked free, then bound by redis-server: retry if someone took it.
+        for _ in 0..5 {
+            let port = free_port();
+            let started = RedisServer::builder()
+                .arg("--tls-port")
+                .arg(port.to_string())
+                .arg("--tls-cert-file")
+                .arg(dir.join("redis.crt"))
+                .arg("--tls-key-file")
+                .arg(dir.join("redis.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(dir.join("ca.crt"))
+                .arg("--tls-auth-clients")
+                .arg("no")
+                .start();
+            match started {
+                Ok(server) => return (server, port),
+                Err(error) => last = Some(error),
+            }
+        }
+        panic!("cannot start a TLS redis-server: {last:?}");
+    }
+
+    /// `rediss://` config whose TLS trusts `ca` only. (fred fills in a connector with the system
+    /// roots for `rediss://`; on a machine without a CA bundle that fails, so the plain URL with
+    /// TLS set by hand, which is the same connection, is the fallback.)
+    fn tls_config(port: u16, ca: &Ca) -> Config {
+        let mut config = Config::from_url(&format!("rediss://127.0.0.1:{port}"))
+            .or_else(|_| Config::from_url(&format!("redis://127.0.0.1:{port}")))
+            .unwrap();
+        config.tls = Some(TlsConfig {
+            connector: TlsConnector::from(ca.client_config()),
+            hostnames: TlsHostMapping::None,
+        });
+        config
+    }
+
+    /// A client over TLS, trusting the test's CA: locks, waits (the subscriber connection is TLS
+    /// too) and renews.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_with_a_private_ca_works_for_every_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("leasehold test CA");
+        let (redis, port) = tls_server(&ca, dir.path());
+        let build = || {
+            LockClient::builder_from_config(tls_config(port, &ca))
+                .lease(Duration::from_secs(3))
+                .build()
+        };
+        let holder = build().await.expect("TLS connect with the private CA");
+        let waiter = build().await.unwrap();
+        let guard_lock = holder.lock("tls").unwrap();
+        let guard = guard_lock.lock().await.unwrap();
+        let lock = waiter.lock("tls").unwrap();
+        let waiting = tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(10))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        });
+        assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 1).await);
+        // Renewed over TLS (every lease/3 = 1 s).
+        assert!(
+            common::eventually(Duration::from_secs(15), || holder.watchdog_stats().renewed
+                >= 1)
             .await
-            .map(|g| g.map(|g| g.detach()))
-    });
-    assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 1).await);
-    // Renewed over TLS (every lease/3 = 1 s).
-    assert!(
-        common::eventually(Duration::from_secs(15), || holder.watchdog_stats().renewed
-            >= 1)
-        .await
-    );
-    assert!(guard.is_held());
-    guard.unlock().await.unwrap();
-    let handed = waiting
-        .await
-        .unwrap()
-        .unwrap()
-        .expect("woken over TLS pub/sub");
-    handed.unlock().await.unwrap();
-    // The clients' connections are on the TLS port (the testkit's own plain connection aside).
-    let clients = cmd(&redis, &["CLIENT", "LIST"]).as_str().unwrap();
-    assert!(
-        clients
-            .lines()
-            .filter(|l| l.contains("laddr=127.0.0.1:"))
-            .count()
-            >= 3,
-        "{clients}"
-    );
-    assert!(
-        clients
-            .lines()
-            .filter(|l| l.contains(&format!("laddr=127.0.0.1:{port}")))
-            .count()
-            >= 3,
-        "{clients}"
-    );
+        );
+        assert!(guard.is_held());
+        guard.unlock().await.unwrap();
+        let handed = waiting
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("woken over TLS pub/sub");
+        handed.unlock().await.unwrap();
+        // The clients' connections are on the TLS port (the testkit's own plain connection aside).
+        let clients = cmd(&redis, &["CLIENT", "LIST"]).as_str().unwrap();
+        assert!(
+            clients
+                .lines()
+                .filter(|l| l.contains("laddr=127.0.0.1:"))
+                .count()
+                >= 3,
+            "{clients}"
+        );
+        assert!(
+            clients
+                .lines()
+                .filter(|l| l.contains(&format!("laddr=127.0.0.1:{port}")))
+                .count()
+                >= 3,
+            "{clients}"
+        );
+    }
+
+    /// A server certificate from another CA is refused at connect, with an error that says so.
+    #[tokio::test]
+    async fn tls_with_the_wrong_ca_is_refused_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("the server's CA");
+        let (_redis, port) = tls_server(&ca, dir.path());
+        let stranger = Ca::new("some other CA");
+        let error = LockClient::builder_from_config(tls_config(port, &stranger))
+            .command_timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .expect_err("a certificate from an unknown CA must be refused");
+        let text = error.to_string();
+        assert!(matches!(error, LockError::Connection(_)), "{error:?}");
+        assert!(
+            text.contains("InvalidCertificate(UnknownIssuer)"),
+            "not a clear TLS error: {text}"
+        );
+        // A plain rediss:// URL trusts the system roots only, which do not know the test CA
+        // (or, without a CA bundle on the machine, the URL is refused before connecting).
+        let error = LockClient::connect(&format!("rediss://127.0.0.1:{port}"))
+            .await
+            .expect_err("system roots do not trust the test CA");
+        assert!(
+            error.to_string().contains("InvalidCertificate")
+                || matches!(error, LockError::InvalidArgument(_)),
+            "{error}"
+        );
+    }
 }
 
-/// A server certificate from another CA is refused at connect, with an error that says so.
+/// Without the `tls` feature a `rediss://` URL is refused: fred would only warn and connect in
+/// the clear, credentials included.
+#[cfg(not(feature = "tls"))]
 #[tokio::test]
-async fn tls_with_the_wrong_ca_is_refused_clearly() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("the server's CA");
-    let (_redis, port) = tls_server(&ca, dir.path());
-    let stranger = Ca::new("some other CA");
-    let error = LockClient::builder_from_config(tls_config(port, &stranger))
-        .command_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .expect_err("a certificate from an unknown CA must be refused");
-    let text = error.to_string();
-    assert!(matches!(error, LockError::Connection(_)), "{error:?}");
-    assert!(
-        text.contains("InvalidCertificate(UnknownIssuer)"),
-        "not a clear TLS error: {text}"
-    );
-    // A plain rediss:// URL trusts the system roots only, which do not know the test CA
-    // (or, without a CA bundle on the machine, the URL is refused before connecting).
-    let error = LockClient::connect(&format!("rediss://127.0.0.1:{port}"))
-        .await
-        .expect_err("system roots do not trust the test CA");
-    assert!(
-        error.to_string().contains("InvalidCertificate")
-            || matches!(error, LockError::InvalidArgument(_)),
-        "{error}"
-    );
+async fn without_the_tls_feature_rediss_is_refused() {
+    for url in ["rediss://127.0.0.1:1", "valkeys://127.0.0.1:1"] {
+        match LockClient::connect(url).await {
+            Err(LockError::InvalidArgument(message)) => {
+                assert!(message.contains("tls"), "{message}")
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
