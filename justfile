@@ -30,11 +30,16 @@ test: setup
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+    just deps
     cargo clippy -p leasehold --no-default-features --all-targets -- -D warnings
     just examples
     cargo test --workspace --all-targets
     cargo test -p leasehold --no-default-features --tests
     cargo test --workspace --doc
+
+# Licenses of every dependency, and the declared MSRV against the dependencies' own (offline).
+deps:
+    python3 .ci/deps.py
 
 # Build and verify the package of every published crate, as `cargo publish` would (bench and
 # chaos are not published). Several minutes: each package is built from its packaged sources.
