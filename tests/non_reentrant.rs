@@ -144,7 +144,7 @@ async fn many_futures_of_one_task_never_overlap() {
         let (lock, inside, entries) = (&lock, &inside, &entries);
         async move {
             for i in 0..20 {
-                let guard = if (n + i) % 3 == 0 {
+                let guard = if (n + i).is_multiple_of(3) {
                     match lock.try_lock().await.unwrap() {
                         Some(guard) => guard,
                         None => continue,
