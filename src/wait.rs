@@ -180,14 +180,31 @@ impl<'a> Wait<'a> {
     }
 
     /// Sleeps until a wake-up, `busy_for` from now, or the deadline; true when woken.
-    pub(crate) async fn sleep(&mut self, busy_for: Option<Duration>) -> bool {
+    ///
+    /// A queued client that takes its turn after message `since` (the try's epoch) announces
+    /// its lease: the lock is busy at most until then, which may be before `busy_for` (a
+    /// previous holder's longer lease). The timer is shortened to it, so that a new holder that
+    /// crashes or holds past its lease does not leave this waiter asleep on a free lock.
+    pub(crate) async fn sleep(&mut self, busy_for: Option<Duration>, since: u64) -> bool {
         // +1 ms: PTTL rounds down, and waking a hair early wastes a try. No bound known (a key
         // without TTL): look again every second.
         let busy_for = busy_for.map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1));
-        let wake_at = self.capped(busy_for);
-        let woken = tokio::select! {
-            _ = self.place().woken() => true,
-            _ = tokio::time::sleep_until(wake_at) => false,
+        let mut wake_at = self.capped(busy_for);
+        let place = self.place.as_ref().expect("a place until dropped");
+        let woken = loop {
+            // Armed before the look, so a message between the two is not missed.
+            let taken = place.taken_changed();
+            tokio::pin!(taken);
+            taken.as_mut().enable();
+            if let Some(until) = place.taken_since(since) {
+                let until = until + Duration::from_millis(1);
+                wake_at = wake_at.min(self.deadline.map_or(until, |d| until.min(d)));
+            }
+            tokio::select! {
+                _ = place.woken() => break true,
+                _ = tokio::time::sleep_until(wake_at) => break false,
+                _ = &mut taken => {}
+            }
         };
         if woken {
             self.woken_at = Some(Instant::now());
@@ -201,7 +218,7 @@ impl<'a> Wait<'a> {
     /// only learn the same. With no such message (the reserved client is gone), the reservation
     /// lapsed and the next try takes the lock.
     async fn sleep_while_busy(&mut self, busy_for: Option<Duration>, grace: Duration, epoch: u64) {
-        let woken = self.sleep(busy_for).await;
+        let woken = self.sleep(busy_for, epoch).await;
         if woken || busy_for.is_none_or(|t| t > grace) || self.expired() {
             return;
         }
@@ -210,7 +227,7 @@ impl<'a> Wait<'a> {
             .taken_since(epoch)
             .map(|until| until.saturating_duration_since(Instant::now()));
         if let Some(rest) = rest.filter(|r| !r.is_zero()) {
-            self.sleep(Some(rest)).await;
+            self.sleep(Some(rest), epoch).await;
         }
     }
 
@@ -289,7 +306,8 @@ async fn wait_for<A: Attempt>(
         // The waiter before us just got the lock: no try can succeed now. Subscribed, wait
         // for its release; otherwise subscribe, and the first try queues this client.
         if wait.place().is_subscribed() {
-            let _woken = wait.sleep(Some(busy_for)).await;
+            let since = wait.place().epoch();
+            let _woken = wait.sleep(Some(busy_for), since).await;
         } else {
             wait.register_interest().await?;
         }

@@ -1141,3 +1141,82 @@ async fn defect12_two_tries_of_one_task_in_flight_together_do_not_replace_each_o
     b_unlock.unwrap();
     assert!(!exists(&redis, lock.keys().hash()));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Defect 13: a waiter slept on a previous holder's lease after a shorter one took the lock
+// ---------------------------------------------------------------------------------------------
+
+/// W waits behind A's 3 s lease, queued after B. A releases early; B takes its turn with a
+/// 300 ms lease and keeps its guard past it (a crashed or paused holder publishes nothing).
+/// The lock is free 300 ms after B's grant; W must notice within the free-lock bound, not at
+/// the end of A's lease. (Found by a 180 s chaos run: four waiters of three clients slept
+/// 335 ms on a free lock.)
+///
+/// Failed before the fix: W got the lock about 3 s after A's grant, when A's original lease
+/// would have ended. B's "taken" message carried its 300 ms lease, but W only used it while
+/// waiting out a reserved turn, not while sleeping on an older, longer bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect13_a_waiter_does_not_sleep_on_a_previous_holders_longer_lease() {
+    let redis = server();
+    let (a, b, w) = (
+        client(&redis.url()).await,
+        client(&redis.url()).await,
+        client(&redis.url()).await,
+    );
+    let name = "stale";
+    let queue = "leasehold:{stale}:queue";
+    let held = a.lock(name).unwrap();
+    let guard = held.lock_with_lease(Duration::from_secs(3)).await.unwrap();
+    let granted_at = Instant::now();
+
+    // B queues first, W second.
+    let (b_granted, b_granted_rx) = oneshot::channel();
+    let b_task = {
+        let lock = b.lock(name).unwrap();
+        tokio::spawn(async move {
+            let guard = lock
+                .try_lock_for_with_lease(Duration::from_secs(10), Duration::from_millis(300))
+                .await
+                .unwrap()
+                .expect("B's turn")
+                .detach();
+            let _ = b_granted.send(Instant::now());
+            // Past its lease without releasing, as a paused holder would.
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            drop(guard);
+        })
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 1).await,
+        "B queued"
+    );
+    let w_task = {
+        let lock = w.lock(name).unwrap();
+        tokio::spawn(async move {
+            let guard = lock.try_lock_for(Duration::from_secs(10)).await.unwrap();
+            let at = Instant::now();
+            guard.expect("W gets the lock").unlock().await.unwrap();
+            at
+        })
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 2).await,
+        "W queued behind B"
+    );
+
+    guard.unlock().await.unwrap();
+    let b_at = tokio::time::timeout(Duration::from_secs(10), b_granted_rx)
+        .await
+        .expect("B takes its turn")
+        .unwrap();
+    let w_at = w_task.await.unwrap();
+    let after_b = w_at - b_at;
+    // B's 300 ms lease, then the free-lock bound (generous here); the defect waited until A's
+    // lease end, 3 s after A's grant.
+    assert!(
+        after_b < Duration::from_millis(1300),
+        "W got the lock {after_b:?} after B's grant (A's lease would end {:?} after that)",
+        (granted_at + Duration::from_secs(3)).saturating_duration_since(b_at)
+    );
+    b_task.abort();
+}

@@ -44,6 +44,8 @@ pub(crate) struct Channel {
     /// The last "turn taken" message with a lease: its epoch, and until when the turn-taker's
     /// hold lasts at most.
     pub(crate) taken: Mutex<Option<(u64, tokio::time::Instant)>>,
+    /// Notified with every "taken" message: sleeping waiters shorten their timers to it.
+    pub(crate) taken_notify: tokio::sync::Notify,
     /// The pending standby: the epoch of the latest "another client's turn" message and when
     /// to give up on that client; served by one `stand_by` task at a time.
     standby: Mutex<Option<(u64, tokio::time::Instant)>>,
@@ -153,6 +155,7 @@ impl ReleaseNotifier {
                         redis_state: tokio::sync::Mutex::new(false),
                         epoch: AtomicU64::new(0),
                         taken: Mutex::new(None),
+                        taken_notify: tokio::sync::Notify::new(),
                         standby: Mutex::new(None),
                         standby_running: AtomicBool::new(false),
                         idle: AtomicU64::new(0),
@@ -449,6 +452,7 @@ fn on_message(inner: &Inner, channel: &Arc<Channel>, message: Message<'_>) {
         Message::Taken(lease) => {
             if let Some(lease) = lease {
                 *channel.taken.lock() = Some((epoch, tokio::time::Instant::now() + lease));
+                channel.taken_notify.notify_waiters();
             }
         }
         Message::Free => channel.queue.lock().wake_head(),

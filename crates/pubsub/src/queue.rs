@@ -120,6 +120,16 @@ impl Place {
             .map(|(_, until)| until)
     }
 
+    /// Completes at the next "taken" message: a sleeping waiter then re-reads
+    /// [`Place::taken_since`], since the new hold may end before the bound it sleeps on.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes (a message between two calls is seen by the next
+    /// `taken_since`).
+    pub fn taken_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.channel.taken_notify.notified()
+    }
+
     /// Whether Redis has this channel's subscription (as far as this client knows).
     pub fn is_subscribed(&self) -> bool {
         self.channel.is_subscribed()
