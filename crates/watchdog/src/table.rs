@@ -489,34 +489,8 @@ impl Watchdog {
     /// # Cancel safety
     /// Cancel safe: it only observes.
     pub async fn until_acquired(&self, hold: &HoldId, deadline: Instant) -> bool {
-        loop {
-            let notify = {
-                let mut state = self.shared.state.lock();
-                let Some(slot) = state.find(hold) else {
-                    return true;
-                };
-                let entry = &mut state.entries[slot];
-                if !entry.acquiring {
-                    return true;
-                }
-                entry
-                    .extra()
-                    .acquired
-                    .get_or_insert_with(Default::default)
-                    .clone()
-            };
-            let done = || !self.is_acquiring(hold);
-            if !notified_unless(&notify, done, Some(deadline)).await {
-                return false;
-            }
-        }
-    }
-
-    fn is_acquiring(&self, hold: &HoldId) -> bool {
-        let state = self.shared.state.lock();
-        state
-            .find(hold)
-            .is_some_and(|slot| state.entries[slot].acquiring)
+        self.until_entry(hold, Some(deadline), |e| !e.acquiring, |x| &mut x.acquired)
+            .await
     }
 
     /// Registers a release of `hold` about to be sent; see [`ReleaseTicket`].
@@ -692,26 +666,8 @@ impl Watchdog {
     /// # Cancel safety
     /// Cancel safe: it only observes.
     pub async fn until_attached(&self, hold: &HoldId, deadline: Option<Instant>) -> bool {
-        loop {
-            let notify = {
-                let mut state = self.shared.state.lock();
-                let Some(slot) = state.find(hold) else {
-                    return true;
-                };
-                let entry = &mut state.entries[slot];
-                if entry.detached == 0 {
-                    return true;
-                }
-                entry
-                    .extra()
-                    .reattached
-                    .get_or_insert_with(Default::default)
-                    .clone()
-            };
-            if !notified_unless(&notify, || self.detached_guards(hold) == 0, deadline).await {
-                return false;
-            }
-        }
+        self.until_entry(hold, deadline, |e| e.detached == 0, |x| &mut x.reattached)
+            .await
     }
 
     /// Waits until the owner of `hold` holds no grant the client knows to be live (its guards
@@ -721,55 +677,66 @@ impl Watchdog {
     /// # Cancel safety
     /// Cancel safe: it only observes.
     pub async fn until_released(&self, hold: &HoldId, deadline: Option<Instant>) -> bool {
+        // `is_held` also ends a fixed-lease grant whose deadline passed: Redis has expired it,
+        // and no renewal will ever say so; the lease's own timer wakes this wait for it.
+        let released = |e: &Entry| e.grant.as_ref().is_none_or(|g| !g.lease.is_held());
         loop {
-            let (ended, lease) = {
-                let mut state = self.shared.state.lock();
-                let Some(slot) = state.find(hold) else {
-                    return true;
-                };
-                let entry = &mut state.entries[slot];
-                // `is_held` also ends a fixed-lease grant whose deadline passed: Redis has
-                // expired it, and no renewal will ever say so.
-                let Some(lease) = entry
-                    .grant
-                    .as_ref()
-                    .filter(|g| g.lease.is_held())
-                    .map(|g| g.lease.clone())
-                else {
-                    return true;
-                };
-                let ended = entry
-                    .extra()
-                    .ended
-                    .get_or_insert_with(Default::default)
-                    .clone();
-                (ended, lease)
+            let lease = {
+                let state = self.shared.state.lock();
+                let grant = state
+                    .find(hold)
+                    .and_then(|s| state.entries[s].grant.as_ref());
+                match grant.filter(|g| g.lease.is_held()) {
+                    Some(grant) => grant.lease.clone(),
+                    None => return true,
+                }
             };
-            let done = || !self.holds_live_grant(hold);
             tokio::select! {
-                ended = notified_unless(&ended, done, deadline) => {
-                    if !ended {
-                        return false;
-                    }
+                done = self.until_entry(hold, deadline, released, |x| &mut x.ended) => {
+                    return done;
                 }
                 () = lease.lost_by(None) => {}
             }
         }
     }
 
-    fn holds_live_grant(&self, hold: &HoldId) -> bool {
-        let state = self.shared.state.lock();
-        state
-            .find(hold)
-            .and_then(|slot| state.entries[slot].grant.as_ref())
-            .is_some_and(|g| g.lease.is_held())
-    }
-
-    fn detached_guards(&self, hold: &HoldId) -> usize {
-        let state = self.shared.state.lock();
-        state
-            .find(hold)
-            .map_or(0, |slot| state.entries[slot].detached as usize)
+    /// Waits until `settled` holds for `hold`'s entry (or the hold has no entry), woken by the
+    /// `Notify` that `notify` picks in the entry's rare part; false at `deadline`. Every wait
+    /// on one hold's state (a detached guard, a release, an acquire, a grant) is this one.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    async fn until_entry(
+        &self,
+        hold: &HoldId,
+        deadline: Option<Instant>,
+        settled: impl Fn(&Entry) -> bool,
+        notify: impl Fn(&mut Extra) -> &mut Option<Arc<Notify>>,
+    ) -> bool {
+        loop {
+            let woken_by = {
+                let mut state = self.shared.state.lock();
+                let Some(slot) = state.find(hold) else {
+                    return true;
+                };
+                let entry = &mut state.entries[slot];
+                if settled(entry) {
+                    return true;
+                }
+                notify(entry.extra())
+                    .get_or_insert_with(Default::default)
+                    .clone()
+            };
+            let done = || {
+                let state = self.shared.state.lock();
+                state
+                    .find(hold)
+                    .is_none_or(|slot| settled(&state.entries[slot]))
+            };
+            if !notified_unless(&woken_by, done, deadline).await {
+                return false;
+            }
+        }
     }
 
     /// Runs `work` (a repair of an unanswered command of `hold`) in the background, after the
@@ -857,44 +824,32 @@ impl Watchdog {
         }
         let deadline = Instant::now() + within;
         loop {
-            let (settle, released) = {
-                let mut state = self.shared.state.lock();
+            let (settle, releasing) = {
+                let state = self.shared.state.lock();
                 let Some(slot) = state.find(hold) else {
                     return true;
                 };
-                let entry = &mut state.entries[slot];
-                let settle = entry.settling().cloned();
-                let released = (releases_too && entry.releasing > 0).then(|| {
-                    entry
-                        .extra()
-                        .released
-                        .get_or_insert_with(Default::default)
-                        .clone()
-                });
-                (settle, released)
+                let entry = &state.entries[slot];
+                (entry.settling().cloned(), entry.releasing > 0)
             };
-            match (settle, released) {
-                (None, None) => return true,
-                (Some(settle), _) => {
-                    if tokio::time::timeout_at(deadline, settle).await.is_err() {
-                        return false;
-                    }
+            if let Some(settle) = settle {
+                if tokio::time::timeout_at(deadline, settle).await.is_err() {
+                    return false;
                 }
-                (None, Some(released)) => {
-                    let done = || self.releases_in_flight(hold) == 0;
-                    if !notified_unless(&released, done, Some(deadline)).await {
-                        return false;
-                    }
-                }
+            } else if !(releases_too && releasing) {
+                return true;
+            } else if !self
+                .until_entry(
+                    hold,
+                    Some(deadline),
+                    |e| e.releasing == 0,
+                    |x| &mut x.released,
+                )
+                .await
+            {
+                return false;
             }
         }
-    }
-
-    fn releases_in_flight(&self, hold: &HoldId) -> usize {
-        let state = self.shared.state.lock();
-        state
-            .find(hold)
-            .map_or(0, |slot| state.entries[slot].releasing as usize)
     }
 }
 
