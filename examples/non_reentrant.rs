@@ -25,6 +25,13 @@ async fn sell(lock: &Lock, buyer: &str, started: Instant) -> Result<()> {
     Ok(())
 }
 
+/// Alice and Bob buy at once, as two futures joined in one task (one owner).
+async fn two_buyers(lock: &Lock) -> Result<()> {
+    let started = Instant::now();
+    let (a, b) = tokio::join!(sell(lock, "alice", started), sell(lock, "bob", started));
+    a.and(b)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     // `$REDIS_URL` if set, otherwise a throwaway redis-server (stopped when `redis` drops).
@@ -32,18 +39,11 @@ async fn main() -> Result<()> {
     let client = LockClient::connect(&redis.url()).await?;
 
     println!("reentrant (the default): both buyers are inside at once");
-    let lock = client.lock("stock:last-item")?;
-    let started = Instant::now();
-    let (a, b) = tokio::join!(sell(&lock, "alice", started), sell(&lock, "bob", started));
-    a?;
-    b?;
+    two_buyers(&client.lock("stock:last-item")?).await?;
 
     println!("non_reentrant(): bob waits for alice's hold to end, and gets a grant of his own");
     let lock = client.lock("stock:last-item")?.non_reentrant();
-    let started = Instant::now();
-    let (a, b) = tokio::join!(sell(&lock, "alice", started), sell(&lock, "bob", started));
-    a?;
-    b?;
+    two_buyers(&lock).await?;
 
     // try_lock is refused while the owner holds it, instead of re-entering.
     let guard = lock.lock().await?;

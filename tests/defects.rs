@@ -1065,6 +1065,33 @@ async fn defect11_try_lock_is_bounded_when_redis_is_unreachable() {
 // Defect 12: futures joined in one task replaced each other's grant
 // ---------------------------------------------------------------------------------------------
 
+/// Holds `guard` for 50 ms and releases it: (hold count, token), whether it was still held at
+/// the end, and the unlock's outcome.
+async fn hold_a_while(guard: leasehold::LockGuard<'_>) -> Held {
+    let seen = (guard.hold_count(), guard.fencing_token());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let held = guard.is_held();
+    (seen, held, guard.unlock().await)
+}
+
+/// What a future saw of its hold: (hold count, token), still held at the end, the unlock.
+type Held = ((u64, leasehold::FencingToken), bool, leasehold::Result<()>);
+
+/// Two futures of one task saw one grant, re-entered (one token, hold counts 1 and 2), neither
+/// replaced under its guard, and both unlocks answered.
+fn assert_one_grant_re_entered((a, a_held, a_unlock): Held, (b, b_held, b_unlock): Held) {
+    assert_eq!(a.1, b.1, "one grant, re-entered: the same fencing token");
+    let mut counts = [a.0, b.0];
+    counts.sort();
+    assert_eq!(counts, [1, 2]);
+    assert!(
+        a_held && b_held,
+        "neither grant was replaced under its guard"
+    );
+    a_unlock.unwrap();
+    b_unlock.unwrap();
+}
+
 /// Two futures joined in one task are one owner, and the guide says they re-enter each other.
 /// They did not: the second waited in the client's line, and when the first got the lock its
 /// try went out as a plain try, which found the owner's hold in Redis, took it for an orphan of
@@ -1077,36 +1104,10 @@ async fn defect12_futures_joined_in_one_task_re_enter_instead_of_replacing() {
     let redis = server();
     let client = client(&redis.url()).await;
     let lock = client.lock("stock:joined").unwrap();
-    let sell = || async {
-        let guard = lock.lock().await.unwrap();
-        let seen = (guard.hold_count(), guard.fencing_token());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let held = guard.is_held();
-        (seen, held, guard.unlock().await)
-    };
-    let ((a, a_held, a_unlock), (b, b_held, b_unlock)) = tokio::join!(sell(), sell());
-    assert_eq!(a.1, b.1, "one grant, re-entered: the same fencing token");
-    let mut counts = [a.0, b.0];
-    counts.sort();
-    assert_eq!(counts, [1, 2]);
-    assert!(
-        a_held && b_held,
-        "neither grant was replaced under its guard"
-    );
-    a_unlock.unwrap();
-    b_unlock.unwrap();
+    let sell = || async { hold_a_while(lock.lock().await.unwrap()).await };
+    let (a, b) = tokio::join!(sell(), sell());
+    assert_one_grant_re_entered(a, b);
     assert!(!exists(&redis, lock.keys().hash()));
-}
-
-/// Holds `guard` for 50 ms and releases it: (hold count, token), whether it was still held at
-/// the end, and the unlock's outcome.
-async fn hold_a_while(
-    guard: leasehold::LockGuard<'_>,
-) -> ((u64, leasehold::FencingToken), bool, leasehold::Result<()>) {
-    let seen = (guard.hold_count(), guard.fencing_token());
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let held = guard.is_held();
-    (seen, held, guard.unlock().await)
 }
 
 /// The same class with both tries in flight at once: a `try_lock` and a waiting acquire of one
@@ -1128,17 +1129,7 @@ async fn defect12_two_tries_of_one_task_in_flight_together_do_not_replace_each_o
             hold_a_while(guard.expect("re-enters")).await
         },
     );
-    let ((a, a_held, a_unlock), (b, b_held, b_unlock)) = (a, b);
-    assert_eq!(a.1, b.1, "one grant, re-entered: the same fencing token");
-    let mut counts = [a.0, b.0];
-    counts.sort();
-    assert_eq!(counts, [1, 2]);
-    assert!(
-        a_held && b_held,
-        "neither grant was replaced under its guard"
-    );
-    a_unlock.unwrap();
-    b_unlock.unwrap();
+    assert_one_grant_re_entered(a, b);
     assert!(!exists(&redis, lock.keys().hash()));
 }
 
