@@ -7,7 +7,7 @@ use std::time::Duration;
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind, Waiter};
 use leasehold_core::telemetry::{LockMetrics, Outcome};
 use leasehold_core::{DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
-use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode};
+use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode, Prepared};
 use tokio::time::Instant;
 
 use crate::client::{within, ClientInner};
@@ -338,11 +338,19 @@ impl Lock {
             reentrant: self.reentrant,
             task_owned: self.owner.is_none(),
         };
-        let mut prepared = client.holds.prepare(&attempt.hold);
+        // The first try's ticket is taken in the same look at the table that reads what the
+        // acquire must know (one look on the hot path). It is let go before any local wait,
+        // and when another acquire of the owner is in flight the try waits for its own.
+        let mut taken = client.holds.begin_acquire(&attempt.hold);
+        let mut prepared = match &taken {
+            Some((_, prepared)) => *prepared,
+            None => client.holds.prepare(&attempt.hold),
+        };
         // A detached guard of this task's hold lives in another task: this task waits for it
         // like any other task instead of re-entering it. (A handle with an explicit owner
         // re-enters on purpose: see LockGuard::reentrant.)
         if prepared.detached && self.owner.is_none() {
+            taken = None;
             if !Box::pin(client.holds.until_attached(&attempt.hold, deadline)).await {
                 return Ok(None);
             }
@@ -352,6 +360,7 @@ impl Lock {
         // while it lives: the acquire script takes a hold of the same owner that the client does
         // not re-enter on purpose for an orphan, and would replace it.
         if !self.reentrant && prepared.grant.is_some() {
+            taken = None;
             if wait == Some(Duration::ZERO)
                 || !Box::pin(client.holds.until_released(&attempt.hold, deadline)).await
             {
@@ -360,7 +369,10 @@ impl Lock {
             prepared = client.holds.prepare(&attempt.hold);
         }
         if self.reentrant && prepared.grant.is_some() {
-            match attempt.try_once(None, client.budget(deadline)).await? {
+            match attempt
+                .try_once(None, client.budget(deadline), taken.take())
+                .await?
+            {
                 Tried::Granted(granted) => return Ok(Some(self.guard(granted))),
                 // The grant is gone (expired, force-unlocked): wait like anyone else.
                 Tried::Busy(_) => {}
@@ -368,13 +380,17 @@ impl Lock {
         }
         let granted = if wait == Some(Duration::ZERO) {
             // try_lock: one try and nothing to wait for, so no place in line and no turn.
-            match attempt.try_once(None, client.command_timeout).await? {
+            match attempt
+                .try_once(None, client.command_timeout, taken.take())
+                .await?
+            {
                 Tried::Granted(granted) => Some(granted),
                 Tried::Busy(_) => None,
             }
         } else {
-            // Boxed: the waiting engine's state is large, and a try that is granted at once
-            // (the common case) should not carry it.
+            // The engine's tries take their own tickets. Boxed: the waiting engine's state is
+            // large, and a try that is granted at once (the common case) should not carry it.
+            drop(taken);
             Box::pin(wait::acquire(client, &self.keys, &mut attempt, deadline)).await?
         };
         Ok(granted.map(|granted| self.guard(granted)))
@@ -447,7 +463,7 @@ impl Attempt for LockAttempt<'_> {
         waiter: Option<Waiter<'_>>,
         budget: Duration,
     ) -> Result<Tried<Granted>> {
-        self.try_once(waiter, budget).await
+        self.try_once(waiter, budget, None).await
     }
 
     fn lease(&self) -> Duration {
@@ -461,7 +477,8 @@ impl Attempt for LockAttempt<'_> {
 
 impl LockAttempt<'_> {
     /// One try, decided by what the hold table says once this acquire holds the hold's
-    /// [`AcquireTicket`] (an owner's acquires go out one at a time; see the ticket):
+    /// [`AcquireTicket`] (an owner's acquires go out one at a time; see the ticket). `taken`:
+    /// a ticket the caller took already, with what the table said then.
     ///
     /// - The owner holds a grant: a reentrant lock re-enters it (another future of the task got
     ///   the lock while this one waited in line; a plain try would find the owner's hold in
@@ -478,11 +495,16 @@ impl LockAttempt<'_> {
         &self,
         waiter: Option<Waiter<'_>>,
         budget: Duration,
+        taken: Option<(AcquireTicket, Prepared)>,
     ) -> Result<Tried<Granted>> {
         let client = self.client;
         let mut budget = budget;
+        let mut taken = taken;
         let (ticket, prepared) = loop {
-            if let Some(taken) = client.holds.begin_acquire(&self.hold) {
+            if let Some(taken) = taken
+                .take()
+                .or_else(|| client.holds.begin_acquire(&self.hold))
+            {
                 break taken;
             }
             let started = Instant::now();
