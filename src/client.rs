@@ -166,6 +166,29 @@ impl LockClient {
         Ok(Lock::new(self.inner.clone(), keys))
     }
 
+    /// A handle on the fair lock `name`: waiters get it in the order they arrived, across
+    /// every waiter of every client, each woken alone on its turn (see the [fair lock
+    /// guide](https://docs.rs/leasehold/latest/leasehold/#fair-locks) and `docs/fair-lock.md`).
+    /// It is a [`Lock`] in every other way: reentrant (or [`Lock::non_reentrant`]), watched,
+    /// fenced, cancel safe.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.fair_lock("payouts")?;
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_fair());
+    /// guard.unlock().await?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    ///
+    /// # Errors
+    /// As [`LockClient::lock`].
+    pub fn fair_lock(&self, name: &str) -> Result<Lock> {
+        let keys = LockKeys::new(&self.inner.prefix, name)?.fair();
+        Ok(Lock::new(self.inner.clone(), keys))
+    }
+
     /// A new explicit owner: holds taken under it are shared by every task that uses it (see
     /// [`Lock::with_owner`]).
     pub fn new_owner(&self) -> Owner {

@@ -7,13 +7,13 @@ use std::time::Duration;
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind, Waiter};
 use leasehold_core::telemetry::{LockMetrics, Outcome};
 use leasehold_core::{DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
-use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode, Prepared};
+use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode, Prepared, WaitingEntry};
 use tokio::time::Instant;
 
 use crate::client::{within, ClientInner};
 use crate::guard::LockGuard;
 use crate::release::{settle, Release};
-use crate::wait::{self, Attempt, Tried};
+use crate::wait::{self, Attempt, Line, Tried};
 
 /// A handle on one reentrant distributed lock. Cheap to clone; nothing is sent until you
 /// acquire.
@@ -41,6 +41,7 @@ impl fmt::Debug for Lock {
             .field("key", &self.keys.hash())
             .field("owner", &self.owner)
             .field("reentrant", &self.reentrant)
+            .field("fair", &self.keys.is_fair())
             .finish()
     }
 }
@@ -102,6 +103,12 @@ impl Lock {
     pub fn non_reentrant(mut self) -> Lock {
         self.reentrant = false;
         self
+    }
+
+    /// Whether this is a fair lock ([`LockClient::fair_lock`](crate::LockClient::fair_lock)):
+    /// waiters are served in arrival order.
+    pub fn is_fair(&self) -> bool {
+        self.keys.is_fair()
     }
 
     /// Whether an owner's second acquire re-enters its hold (the default) or waits for it to
@@ -337,6 +344,7 @@ impl Lock {
             lease,
             reentrant: self.reentrant,
             task_owned: self.owner.is_none(),
+            entry: None,
         };
         // The first try's ticket is taken in the same look at the table that reads what the
         // acquire must know (one look on the hot path). It is let go before any local wait,
@@ -370,7 +378,7 @@ impl Lock {
         }
         if self.reentrant && prepared.grant.is_some() {
             match attempt
-                .try_once(None, client.budget(deadline), taken.take())
+                .try_once(None, client.budget(deadline), taken.take(), false)
                 .await?
             {
                 Tried::Granted(granted) => return Ok(Some(self.guard(granted))),
@@ -381,7 +389,7 @@ impl Lock {
         let granted = if wait == Some(Duration::ZERO) {
             // try_lock: one try and nothing to wait for, so no place in line and no turn.
             match attempt
-                .try_once(None, client.command_timeout, taken.take())
+                .try_once(None, client.command_timeout, taken.take(), false)
                 .await?
             {
                 Tried::Granted(granted) => Some(granted),
@@ -453,6 +461,9 @@ struct LockAttempt<'c> {
     reentrant: bool,
     /// Acquiring under the task's own owner: a detached guard of the hold is not re-entered.
     task_owned: bool,
+    /// A fair lock's waiter: its queue entry in Redis, renewed by the watchdog from the first
+    /// busy try until this acquire ends.
+    entry: Option<WaitingEntry>,
 }
 
 impl Attempt for LockAttempt<'_> {
@@ -463,7 +474,25 @@ impl Attempt for LockAttempt<'_> {
         waiter: Option<Waiter<'_>>,
         budget: Duration,
     ) -> Result<Tried<Granted>> {
-        self.try_once(waiter, budget, None).await
+        let tried = self.try_once(waiter, budget, None, true).await;
+        if self.hold.keys.is_fair() && self.entry.is_none() && matches!(tried, Ok(Tried::Busy(_))) {
+            // The try queued the owner: from now on its entry must be renewed.
+            self.entry = Some(self.client.holds.keep_waiting(&self.hold));
+        }
+        tried
+    }
+
+    fn line(&self) -> Line {
+        if self.hold.keys.is_fair() {
+            let mut channel = self.hold.keys.waiter_channel_prefix();
+            channel.push_str(self.hold.owner.id());
+            Line::Own {
+                channel,
+                owner: self.hold.owner.clone(),
+            }
+        } else {
+            Line::Shared
+        }
     }
 
     fn lease(&self) -> Duration {
@@ -486,7 +515,9 @@ impl LockAttempt<'_> {
     ///   guard was detached meanwhile (the hold then belongs to the guard's task: wait for it
     ///   like any other task). A non-reentrant lock is busy until that hold ends. Either wait
     ///   is woken by the hold's release message.
-    /// - Otherwise a plain try, or a waiter's try with `waiter`.
+    /// - Otherwise a plain try, or a waiter's try with `waiter`. On a fair lock, every try of
+    ///   the waiting engine (`queue`) is a waiter's try, subscribed or not: the owner's place in
+    ///   line is its first try's arrival.
     ///
     /// A waiter that re-entered and was queued for a turn alone leaves the turn queue, as a
     /// waiter's grant would have (otherwise a later release would reserve the lock for a client
@@ -496,6 +527,7 @@ impl LockAttempt<'_> {
         waiter: Option<Waiter<'_>>,
         budget: Duration,
         taken: Option<(AcquireTicket, Prepared)>,
+        queue: bool,
     ) -> Result<Tried<Granted>> {
         let client = self.client;
         let mut budget = budget;
@@ -520,6 +552,10 @@ impl LockAttempt<'_> {
                 AcquireMode::Reenter(grant.token)
             }
             (Some(_), _) => return Ok(Tried::Busy(None)),
+            (None, reentrant) if queue && self.hold.keys.is_fair() => AcquireMode::FairWaiter {
+                entry_life: client.holds.lease(),
+                non_reentrant: !reentrant,
+            },
             (None, true) => match waiter {
                 Some(waiter) => AcquireMode::Waiter(waiter),
                 None => AcquireMode::Try,
@@ -530,7 +566,8 @@ impl LockAttempt<'_> {
         if let AcquireMode::Reenter(token) = mode {
             match &tried {
                 Tried::Granted(_) => {
-                    if waiter.is_some_and(|w| !w.more) {
+                    // (A fair lock's re-entry takes the owner out of its line in the script.)
+                    if waiter.is_some_and(|w| !w.more) && !self.hold.keys.is_fair() {
                         wait::leave_turn_queue(client, &self.hold.keys);
                     }
                 }

@@ -62,6 +62,28 @@ pub(crate) trait Attempt {
 
     /// The kind's metrics ([`leasehold_core::telemetry`]).
     fn metrics(&self) -> &leasehold_core::telemetry::LockMetrics;
+
+    /// Where this waiter's wake-ups come and what giving up must tell Redis: by default the
+    /// lock's release channel, shared by the client's waiters, and its turn queue.
+    fn line(&self) -> Line {
+        Line::Shared
+    }
+}
+
+/// How a kind's waiters line up.
+pub(crate) enum Line {
+    /// One line per client on the lock's release channel: only its head talks to Redis, and
+    /// the client's entry in the lock's turn queue goes with its last waiter.
+    Shared,
+    /// A line of one per waiter (a fair lock): every waiter has its own entry in Redis and its
+    /// own channel, and leaving the wait without the lock removes the entry at once (passing
+    /// on a turn reserved for it).
+    Own {
+        /// The waiter's channel.
+        channel: String,
+        /// The waiting owner.
+        owner: leasehold_core::Owner,
+    },
 }
 
 /// Retry delay after transient errors while waiting: 10 ms doubling to 1 s.
@@ -84,6 +106,8 @@ pub(crate) struct Wait<'a> {
     keys: &'a LockKeys,
     deadline: Option<Instant>,
     place: Option<Place>,
+    /// The waiting owner when it has an entry of its own in Redis ([`Line::Own`]).
+    own_entry: Option<leasehold_core::Owner>,
     backoff: Backoff,
     /// The error of the last try, if it failed transiently and nothing answered since.
     last_error: Option<LockError>,
@@ -104,24 +128,39 @@ impl Drop for Wait<'_> {
         };
         let subscribed = place.is_subscribed();
         let last = place.leave(self.granted);
-        if last && self.granted.is_none() && subscribed {
-            leave_turn_queue(self.client, self.keys);
+        match self.own_entry.take() {
+            // The owner's entry is shared by its waiters (joined futures of one task): the last
+            // one to give up takes it out.
+            Some(owner) if last && self.granted.is_none() => {
+                leave_fair_line(self.client, self.keys, owner);
+            }
+            Some(_) => {}
+            None if last && self.granted.is_none() && subscribed => {
+                leave_turn_queue(self.client, self.keys);
+            }
+            None => {}
         }
     }
 }
 
 impl<'a> Wait<'a> {
-    /// Takes a place at the back of the lock's local queue.
+    /// Takes a place at the back of the local queue of `line`.
     pub(crate) fn join(
         client: &'a Arc<ClientInner>,
         keys: &'a LockKeys,
         deadline: Option<Instant>,
+        line: Line,
     ) -> Wait<'a> {
+        let (place, own_entry) = match line {
+            Line::Shared => (client.notifier.join(keys.released()), None),
+            Line::Own { channel, owner } => (client.notifier.join(&channel), Some(owner)),
+        };
         Wait {
             client,
             keys,
             deadline,
-            place: Some(client.notifier.join(keys.released())),
+            place: Some(place),
+            own_entry,
             backoff: Backoff(Backoff::FIRST),
             last_error: None,
             granted: None,
@@ -274,6 +313,27 @@ pub(crate) fn leave_turn_queue(client: &Arc<ClientInner>, keys: &LockKeys) {
     });
 }
 
+/// Sends the fair-lock leave script for `owner`, in the background: its entry goes, and a turn
+/// reserved for it passes to the next waiter at once instead of when the entry lapses.
+fn leave_fair_line(client: &Arc<ClientInner>, keys: &LockKeys, owner: leasehold_core::Owner) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (client, keys) = (client.clone(), keys.clone());
+    runtime.spawn(async move {
+        let budget = client.command_timeout;
+        let left = client
+            .call(
+                budget,
+                commands::fair_leave(&client.redis, &client.scripts, &keys, &owner),
+            )
+            .await;
+        if let Err(error) = left {
+            tracing::debug!(lock = %keys.name(), %error, "leaving the fair line failed; the entry lapses within a lease");
+        }
+    });
+}
+
 /// Waits for the lock with `attempt`, until `deadline` (`None`: no limit). See the module
 /// docs. `Ok(None)`: still busy at the deadline.
 ///
@@ -298,7 +358,7 @@ async fn wait_for<A: Attempt>(
     attempt: &mut A,
     deadline: Option<Instant>,
 ) -> Result<Option<A::Grant>> {
-    let mut wait = Wait::join(client, keys, deadline);
+    let mut wait = Wait::join(client, keys, deadline, attempt.line());
     if !wait.until_head().await {
         return Ok(None);
     }

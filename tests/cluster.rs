@@ -133,3 +133,75 @@ async fn settles_run_on_a_cluster() {
         );
     }
 }
+
+/// The fair lock's scripts on Cluster: queueing, entry renewals batched by slot, hand-on,
+/// leaving the line, re-entry and force unlock, on names over many slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_scripts_run_on_a_cluster() {
+    let node = cluster_node();
+    let lease = Duration::from_millis(600);
+    let a = cluster_client(&node, lease).await;
+    let b = cluster_client(&node, lease).await;
+    let names: Vec<String> = (0..20).map(|i| format!("fair:{i}")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        let lock = a.fair_lock(name).unwrap();
+        let guard = lock.try_lock().await.unwrap().expect("free");
+        let inner = lock.try_lock().await.unwrap().expect("re-entry");
+        inner.unlock().await.unwrap();
+        guards.push(guard.detach());
+    }
+    // Waiters on every name, each also a timed-out wait that leaves the line.
+    let mut waits = Vec::new();
+    for name in &names {
+        let lock = b.fair_lock(name).unwrap();
+        assert!(lock
+            .try_lock_for(Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_none());
+        waits.push(tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(20))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        }));
+    }
+    // Queue entries renewed over several renewal periods.
+    assert!(
+        common::eventually(Duration::from_secs(10), || b.waiters() == names.len()).await,
+        "the waiters queued"
+    );
+    let renewed = b.watchdog_stats().renew_calls;
+    assert!(
+        common::eventually(Duration::from_secs(10), || b.watchdog_stats().renew_calls
+            >= renewed + 6)
+        .await
+    );
+    for guard in guards.drain(..) {
+        guard.unlock().await.unwrap();
+    }
+    for wait in waits {
+        let guard = wait.await.unwrap().unwrap().expect("handed over");
+        guard.unlock().await.unwrap();
+    }
+    // force_unlock with a waiter queued hands the lock to it.
+    let lock = a.fair_lock(&names[3]).unwrap();
+    let held = lock.try_lock().await.unwrap().expect("free").detach();
+    let waiter = {
+        let lock = b.fair_lock(&names[3]).unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(20))
+                .await
+                .map(|g| g.is_some())
+        })
+    };
+    assert!(common::eventually(Duration::from_secs(10), || b.waiters() == 1).await);
+    assert!(a
+        .fair_lock(&names[3])
+        .unwrap()
+        .force_unlock()
+        .await
+        .unwrap());
+    assert!(waiter.await.unwrap().unwrap());
+    drop(held);
+}

@@ -108,6 +108,14 @@ pub fn run_child_holder_if_asked() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let client = client_with_lease(&url, lease).await;
+        if std::env::var("LEASEHOLD_CHILD_FAIR_WAITER").is_ok() {
+            // Queue on the fair lock (held by the parent) and wait to be killed.
+            println!("WAITING");
+            let lock = client.fair_lock(&name).unwrap();
+            let _guard = lock.lock().await.unwrap();
+            println!("LOCKED");
+            std::future::pending::<()>().await;
+        }
         let guard_lock = client.lock(&name).unwrap();
         let guard = guard_lock.lock().await.unwrap();
         println!("LOCKED token={}", guard.fencing_token());
@@ -136,6 +144,34 @@ pub fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildPr
     child
 }
 
+/// Runs this test binary's `child_holder_entry_point` as a separate process that waits for
+/// the fair lock `name` (held by the caller) with a watched `lease`; returns once it started.
+/// The caller sees its queue entry appear.
+pub fn spawn_fair_waiter(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "child_holder_entry_point",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LEASEHOLD_CHILD_URL", redis.url())
+        .env("LEASEHOLD_CHILD_LOCK", name)
+        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string())
+        .env("LEASEHOLD_CHILD_FAIR_WAITER", "1");
+    let child = ChildProcess::spawn(command).unwrap();
+    child
+        .wait_for_line(|l| l.contains("WAITING"), Duration::from_secs(30))
+        .unwrap();
+    child
+}
+
+/// ZCARD of `key` (0 when absent).
+pub fn zcard(server: &RedisServer, key: &str) -> i64 {
+    cmd(server, &["ZCARD", key]).as_int().expect("ZCARD reply")
+}
+
 /// The scripts every client uses by default (for tests that call core's typed commands).
 pub fn scripts() -> std::sync::Arc<leasehold_core::scripts::Scripts> {
     leasehold_core::scripts::Scripts::for_protocol(leasehold_core::protocol::Protocol::default())
@@ -151,7 +187,7 @@ pub async fn renew_as(
     let hold = leasehold_core::HoldId::new(keys.clone(), owner.clone());
     let renewal = leasehold_core::commands::Renewal {
         hold,
-        token: leasehold::FencingToken::new(token),
+        token: Some(leasehold::FencingToken::new(token)),
     };
     let lease = leasehold::Lease::new(Duration::from_secs(1)).unwrap();
     leasehold_core::commands::renew(redis, &scripts(), &[renewal], lease)

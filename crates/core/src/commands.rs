@@ -27,6 +27,15 @@ pub enum AcquireMode<'a> {
     /// the owner already has keeps the lock busy instead of being replaced as an orphan: two
     /// acquires of one owner can never both be granted.
     NonReentrant(Option<Waiter<'a>>),
+    /// A fair lock's waiter (keys marked [`LockKeys::fair`]): as a try, and when not granted
+    /// the owner keeps (or takes) its place in the line. `Try`, `Reenter` and `NonReentrant(_)`
+    /// never queue on a fair lock.
+    FairWaiter {
+        /// The entry's lifetime unless renewed: the watchdog's lease.
+        entry_life: Lease,
+        /// A non-reentrant handle: the owner's own hold keeps the lock busy.
+        non_reentrant: bool,
+    },
 }
 
 /// A subscribed waiter's place in the turn queue.
@@ -117,6 +126,9 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     lease: Lease,
     mode: AcquireMode<'_>,
 ) -> Result<Acquire> {
+    if keys.is_fair() {
+        return fair_acquire(client, scripts, keys, owner, lease, mode).await;
+    }
     let reply: Value = scripts
         .acquire
         .call(client, || {
@@ -144,11 +156,72 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
                     }
                 }
                 AcquireMode::NonReentrant(None) => args.push(word("n")),
+                AcquireMode::FairWaiter { .. } => {
+                    unreachable!("a fair waiter's keys are fair")
+                }
             }
             (key_list.into(), Value::Array(args))
         })
         .await
         .map_err(|e| from_fred(e, &[keys.hash(), keys.fence(), keys.queue()]))?;
+    acquire_reply(reply)
+}
+
+/// Runs the fair acquire script (`scripts/fair/acquire.lua`).
+async fn fair_acquire<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    owner: &Owner,
+    lease: Lease,
+    mode: AcquireMode<'_>,
+) -> Result<Acquire> {
+    let (waiters, until, prefix) = (
+        keys.waiters(),
+        keys.waiters_until(),
+        keys.waiter_channel_prefix(),
+    );
+    let (code, fourth, life) = match mode {
+        AcquireMode::Try | AcquireMode::Waiter(_) => ("t", Value::from(""), 0),
+        AcquireMode::NonReentrant(_) => ("t", word("n"), 0),
+        AcquireMode::Reenter(token) => ("r", token_arg(Some(token)), 0),
+        AcquireMode::FairWaiter {
+            entry_life,
+            non_reentrant,
+        } => (
+            "w",
+            word(if non_reentrant { "n" } else { "" }),
+            entry_life.millis(),
+        ),
+    };
+    let reply: Value = scripts
+        .fair_acquire
+        .call(client, || {
+            (
+                vec![
+                    Key::from(keys.hash_str()),
+                    Key::from(keys.fence_str()),
+                    Key::from(waiters.as_str()),
+                    Key::from(until.as_str()),
+                ]
+                .into(),
+                Value::Array(vec![
+                    Value::from(owner.id_str().clone()),
+                    Value::from(lease.millis() as i64),
+                    word(code),
+                    fourth.clone(),
+                    Value::from(prefix.as_str()),
+                    Value::from(life as i64),
+                ]),
+            )
+        })
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash(), keys.fence(), &waiters, &until]))?;
+    acquire_reply(reply)
+}
+
+/// Reads an acquire script's reply (plain and fair alike).
+fn acquire_reply(reply: Value) -> Result<Acquire> {
     let values = match &reply {
         Value::Array(values) => values,
         // A new grant answers its token alone.
@@ -188,6 +261,37 @@ pub async fn release<C: LuaInterface + Send + Sync>(
 ) -> Result<Release> {
     let keys = &hold.keys;
     let reply: Value = match kind {
+        ReleaseKind::Now if keys.is_fair() => {
+            let (waiters, until, prefix) = (
+                keys.waiters(),
+                keys.waiters_until(),
+                keys.waiter_channel_prefix(),
+            );
+            scripts
+                .fair_release
+                .call(client, || {
+                    let mut args = Vec::with_capacity(4);
+                    args.push(Value::from(hold.owner.id_str().clone()));
+                    args.push(Value::from(prefix.as_str()));
+                    if token.is_some() || expected.is_some() {
+                        args.push(token_arg(token));
+                    }
+                    if let Some(expected) = expected {
+                        args.push(Value::from(expected as i64));
+                    }
+                    (
+                        vec![
+                            Key::from(keys.hash_str()),
+                            Key::from(keys.hash_str()),
+                            Key::from(waiters.as_str()),
+                            Key::from(until.as_str()),
+                        ]
+                        .into(),
+                        Value::Array(args),
+                    )
+                })
+                .await
+        }
         ReleaseKind::Now => {
             scripts
                 .release
@@ -234,13 +338,13 @@ pub async fn release<C: LuaInterface + Send + Sync>(
     }
 }
 
-/// One hold to renew: which grant of which owner on which lock.
+/// One thing to renew: a grant of one owner on one lock, or a fair-lock waiter's entry.
 #[derive(Clone, Debug)]
 pub struct Renewal {
-    /// The hold.
+    /// The hold (for an entry: the lock and the waiting owner).
     pub hold: HoldId,
-    /// The token of the grant it belongs to.
-    pub token: FencingToken,
+    /// The token of the grant it belongs to; `None` for a fair-lock waiter's queue entry.
+    pub token: Option<FencingToken>,
 }
 
 /// Runs the renew script over `holds` with `lease`. Returns, in order, whether each grant was
@@ -259,15 +363,19 @@ pub async fn renew<C: LuaInterface + Send + Sync>(
     let reply: Value = scripts
         .renew
         .call(client, || {
-            let keys: Vec<Key> = holds
-                .iter()
-                .map(|r| Key::from(r.hold.keys.hash_str()))
-                .collect();
+            let mut keys: Vec<Key> = Vec::with_capacity(holds.len());
             let mut args = Vec::with_capacity(2 * holds.len() + 1);
             args.push(Value::from(lease.millis() as i64));
             for r in holds {
+                match r.token {
+                    Some(_) => keys.push(Key::from(r.hold.keys.hash_str())),
+                    None => {
+                        keys.push(Key::from(r.hold.keys.waiters()));
+                        keys.push(Key::from(r.hold.keys.waiters_until()));
+                    }
+                }
                 args.push(Value::from(r.hold.owner.id_str().clone()));
-                args.push(token_arg(Some(r.token)));
+                args.push(token_arg(r.token));
             }
             (keys.into(), Value::Array(args))
         })
@@ -294,19 +402,68 @@ pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>
         .map_err(|e| from_fred(e, &[keys.queue()]))
 }
 
-/// Runs the force-unlock script: removes the lock whoever holds it and publishes the release.
-/// Returns whether there was a lock.
+/// A fair-lock waiter gives up: its entry goes, and a turn reserved for it passes on
+/// (`scripts/fair/leave.lua`).
+pub async fn fair_leave<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    owner: &Owner,
+) -> Result<()> {
+    let (waiters, until, prefix) = (
+        keys.waiters(),
+        keys.waiters_until(),
+        keys.waiter_channel_prefix(),
+    );
+    let _passed: i64 = scripts
+        .fair_leave
+        .call(client, || {
+            (
+                vec![
+                    Key::from(keys.hash_str()),
+                    Key::from(keys.hash_str()),
+                    Key::from(waiters.as_str()),
+                    Key::from(until.as_str()),
+                ]
+                .into(),
+                Value::Array(vec![
+                    Value::from(owner.id_str().clone()),
+                    Value::from(prefix.as_str()),
+                ]),
+            )
+        })
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash(), &waiters, &until]))?;
+    Ok(())
+}
+
+/// Runs the force-unlock script: removes the lock whoever holds it and publishes the release
+/// (a fair lock's first live waiter gets its turn). Returns whether there was a lock.
 pub async fn force_unlock<C: LuaInterface + Send + Sync>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
 ) -> Result<bool> {
+    let (waiters, until, prefix) = (
+        keys.waiters(),
+        keys.waiters_until(),
+        keys.waiter_channel_prefix(),
+    );
     let removed: i64 = scripts
         .force_unlock
         .call(client, || {
             (
-                Key::from(keys.hash_str()).into(),
-                Value::Array(vec![Value::from(keys.released_str())]),
+                vec![
+                    Key::from(keys.hash_str()),
+                    Key::from(keys.hash_str()),
+                    Key::from(waiters.as_str()),
+                    Key::from(until.as_str()),
+                ]
+                .into(),
+                Value::Array(vec![
+                    Value::from(keys.released_str()),
+                    Value::from(prefix.as_str()),
+                ]),
             )
         })
         .await

@@ -11,6 +11,15 @@
 //! | `P:{T}:fence`       | string | last fencing token handed out in N's Cluster slot;    |
 //! |                     |        | `T` is a number chosen to hash to that slot; no TTL    |
 //!
+//! A fair lock ([`LockKeys::fair`]) adds, while someone waits:
+//!
+//! | key / channel              | type    | what                                          |
+//! |----------------------------|---------|-----------------------------------------------|
+//! | `P:{N}:waiters`            | zset    | owner id -> arrival (server microseconds)     |
+//! | `P:{N}:waiters:until`      | zset    | owner id -> when the entry is dead (server    |
+//! |                            |         | milliseconds; renewed by the watchdog)        |
+//! | `P:{N}:released:<owner>`   | channel | that waiter's turn                            |
+//!
 //! The braces are a Redis Cluster hash tag: every key and the channel of one lock live in one
 //! slot, the fencing counter included, so every script runs on Cluster (and the channel can be
 //! a sharded one). A name that already carries a hash tag (`{...}` with something inside) is
@@ -108,6 +117,8 @@ struct KeyStrings {
     /// end. A name is at most 1 KiB and a prefix 256 bytes, so the buffer fits `u16` offsets.
     ends: [u16; 4],
     slot: u16,
+    /// A fair lock's keys ([`LockKeys::fair`]): its scripts differ.
+    fair: bool,
 }
 
 impl KeyStrings {
@@ -257,7 +268,40 @@ impl LockKeys {
             all: Str::from(all),
             ends,
             slot,
+            fair: false,
         })))
+    }
+
+    /// The same lock's keys, for its fair form: acquires are served in arrival order
+    /// (`scripts/fair/`). Locks are told apart by their hash key alone: one name should be
+    /// used as one kind.
+    pub fn fair(&self) -> LockKeys {
+        LockKeys(Arc::new(KeyStrings {
+            all: self.0.all.clone(),
+            ends: self.0.ends,
+            slot: self.0.slot,
+            fair: true,
+        }))
+    }
+
+    /// Whether these are a fair lock's keys.
+    pub fn is_fair(&self) -> bool {
+        self.0.fair
+    }
+
+    /// `P:{N}:waiters`: a fair lock's waiters in arrival order.
+    pub fn waiters(&self) -> String {
+        format!("{}:waiters", self.hash())
+    }
+
+    /// `P:{N}:waiters:until`: when each fair-lock waiter's entry is dead unless renewed.
+    pub fn waiters_until(&self) -> String {
+        format!("{}:waiters:until", self.hash())
+    }
+
+    /// `P:{N}:released:`: a fair-lock waiter hears its turn on this plus its owner id.
+    pub fn waiter_channel_prefix(&self) -> String {
+        format!("{}:", self.released())
     }
 
     /// The lock name as the caller gave it.
@@ -308,9 +352,16 @@ impl LockKeys {
 }
 
 /// Suffixes of a lock's own keys. A tagged name ending in one of them would collide with
-/// another lock's key (`{a}:queue` is lock `a`'s turn queue), so such names are refused.
+/// another lock's key (`{a}:queue` is lock `a`'s turn queue, `{a}:waiters` its fair queue), so
+/// such names are refused.
 /// `:fence` is the per-slot fencing counters' suffix.
-const RESERVED_SUFFIXES: [&str; 3] = [":fence", ":released", ":queue"];
+const RESERVED_SUFFIXES: [&str; 5] = [
+    ":fence",
+    ":released",
+    ":queue",
+    ":waiters",
+    ":waiters:until",
+];
 
 /// The tag Redis Cluster would hash `name` by: the bytes between the first `{` and the first
 /// `}` after it, when at least one byte is between them.

@@ -1,7 +1,7 @@
 //! The Lua scripts: one per state change, each in its own `.lua` file beside this one.
 //!
 //! The files name the protocol's words as placeholders (`@FENCE@`, `@TURN@`, `@EXPIRING@`,
-//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`); [`Scripts::new`] fills them in from
+//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`, and `@HAND_ON@` for the fair scripts' shared hand-on); [`Scripts::new`] fills them in from
 //! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
 //! can lengthen the turn grace.
 //!
@@ -75,6 +75,7 @@ impl LuaScript {
 fn fill(template: &str, protocol: &Protocol) -> String {
     let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
     let lua = template
+        .replace("@HAND_ON@", files::FAIR_HAND_ON)
         .replace("@FENCE@", FENCE_FIELD)
         .replace("@TURN@", TURN_FIELD_PREFIX)
         .replace("@EXPIRING@", EXPIRING_FIELD)
@@ -97,6 +98,14 @@ pub mod files {
     pub const RENEW: &str = include_str!("scripts/renew.lua");
     /// `force_unlock.lua`: remove a lock whoever holds it and wake its waiters.
     pub const FORCE_UNLOCK: &str = include_str!("scripts/force_unlock.lua");
+    /// `fair/acquire.lua`: acquire, re-enter or queue for a fair lock.
+    pub const FAIR_ACQUIRE: &str = include_str!("scripts/fair/acquire.lua");
+    /// `fair/release.lua`: release one hold of a fair lock; hands it to the first live waiter.
+    pub const FAIR_RELEASE: &str = include_str!("scripts/fair/release.lua");
+    /// `fair/leave.lua`: a fair-lock waiter gives up its place (and a turn reserved for it).
+    pub const FAIR_LEAVE: &str = include_str!("scripts/fair/leave.lua");
+    /// `fair/hand_on.lua`: inlined where a fair script says `@HAND_ON@` (not a script itself).
+    pub const FAIR_HAND_ON: &str = include_str!("scripts/fair/hand_on.lua");
 }
 
 /// The scripts of one protocol setting, built once per setting and shared by its clients.
@@ -116,6 +125,12 @@ pub struct Scripts {
     pub renew: LuaScript,
     /// Remove a lock whoever holds it and wake its waiters (`scripts/force_unlock.lua`).
     pub force_unlock: LuaScript,
+    /// Acquire, re-enter or queue for a fair lock (`scripts/fair/acquire.lua`).
+    pub fair_acquire: LuaScript,
+    /// Release one hold of a fair lock, or settle (`scripts/fair/release.lua`).
+    pub fair_release: LuaScript,
+    /// A fair-lock waiter leaves the line (`scripts/fair/leave.lua`).
+    pub fair_leave: LuaScript,
 }
 
 impl Scripts {
@@ -141,17 +156,23 @@ impl Scripts {
             release_after: LuaScript::new(files::RELEASE_AFTER, &protocol),
             renew: LuaScript::new(files::RENEW, &protocol),
             force_unlock: LuaScript::new(files::FORCE_UNLOCK, &protocol),
+            fair_acquire: LuaScript::new(files::FAIR_ACQUIRE, &protocol),
+            fair_release: LuaScript::new(files::FAIR_RELEASE, &protocol),
+            fair_leave: LuaScript::new(files::FAIR_LEAVE, &protocol),
         }
     }
 
     /// Every script, for preloading and tests.
-    pub fn all(&self) -> [&LuaScript; 5] {
+    pub fn all(&self) -> [&LuaScript; 8] {
         [
             &self.acquire,
             &self.release,
             &self.release_after,
             &self.renew,
             &self.force_unlock,
+            &self.fair_acquire,
+            &self.fair_release,
+            &self.fair_leave,
         ]
     }
 }

@@ -38,7 +38,9 @@
 mod lease;
 mod service;
 mod table;
+mod waiting;
 
 pub use lease::LeaseState;
 pub use service::{RenewFuture, Renewer, ScriptRenewer, Watchdog, WatchdogConfig, WatchdogStats};
 pub use table::{AcquireTicket, HeldGrant, HoldGuard, LeaseMode, Prepared, ReleaseTicket, Settle};
+pub use waiting::WaitingEntry;

@@ -182,9 +182,16 @@ impl Watchdog {
     }
 }
 
-/// One batch in flight: (slot, grant id) of each grant, in order.
+/// What one renewal in a batch is for: a grant or a fair-lock queue entry, by (slot, id).
+#[derive(Clone, Copy)]
+enum Item {
+    Grant(usize, u64),
+    Waiting(usize, u64),
+}
+
+/// One batch in flight: each item, in order.
 struct BatchResult {
-    ids: Vec<(usize, u64)>,
+    ids: Vec<Item>,
     sent_at: Instant,
     result: Result<Vec<bool>, LockError>,
 }
@@ -197,7 +204,7 @@ async fn run(shared: Arc<Shared>, renewer: Arc<dyn Renewer>, stop: CancellationT
     loop {
         let (batches, next) = take_due(&shared, window);
         for batch in batches {
-            let (ids, holds): (Vec<(usize, u64)>, Vec<Renewal>) = batch.into_iter().unzip();
+            let (ids, holds): (Vec<Item>, Vec<Renewal>) = batch.into_iter().unzip();
             let renewer = renewer.clone();
             let done_tx = done_tx.clone();
             shared.renew_calls.fetch_add(1, Ordering::Relaxed);
@@ -223,8 +230,8 @@ async fn run(shared: Arc<Shared>, renewer: Arc<dyn Renewer>, stop: CancellationT
     }
 }
 
-/// One grant to renew, with its place in the table.
-type Due = ((usize, u64), Renewal);
+/// One grant or entry to renew, with its place in the table.
+type Due = (Item, Renewal);
 
 /// Takes every grant due now (or within `window` after the first due one) out of the
 /// schedule, in batches (never mixing slots when the config says so); returns them and when to
@@ -233,7 +240,29 @@ fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<Due>>, Instant) {
     let now = Instant::now();
     let mut state = shared.state.lock();
     let mut taken: Vec<Due> = Vec::new();
-    if state.due.first().is_some_and(|(at, _)| *at <= now) {
+    let first_due = match (state.due.first(), state.waiting_due.first()) {
+        (Some(a), Some(b)) => Some(a.0.min(b.0)),
+        (a, b) => a.or(b).map(|(at, _)| *at),
+    };
+    if first_due.is_some_and(|at| at <= now) {
+        let horizon = now + window;
+        while let Some(&(at, slot)) = state.waiting_due.first() {
+            if at > horizon {
+                break;
+            }
+            state.waiting_due.pop_first();
+            let waiting = &mut state.waiting[slot];
+            waiting.due = None;
+            taken.push((
+                Item::Waiting(slot, waiting.id),
+                Renewal {
+                    hold: waiting.hold.clone(),
+                    token: None,
+                },
+            ));
+        }
+    }
+    if first_due.is_some_and(|at| at <= now) {
         let horizon = now + window;
         while let Some(&(at, slot)) = state.due.first() {
             if at > horizon {
@@ -259,10 +288,21 @@ fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<Due>>, Instant) {
             shared
                 .metrics
                 .renewal_lag(now.saturating_duration_since(at));
-            taken.push(((slot, grant.id), Renewal { hold, token }));
+            taken.push((
+                Item::Grant(slot, grant.id),
+                Renewal {
+                    hold,
+                    token: Some(token),
+                },
+            ));
         }
     }
-    let next = state.due.first().map_or(now + window * 2, |(at, _)| *at);
+    let next = [state.due.first(), state.waiting_due.first()]
+        .into_iter()
+        .flatten()
+        .map(|(at, _)| *at)
+        .min()
+        .unwrap_or(now + window * 2);
     state.planned = Some(next);
     drop(state);
     let size = shared.config.batch_size.max(1);
@@ -306,7 +346,24 @@ fn settle_batch(shared: &Shared, done: BatchResult) {
         }
     };
     let retry_at = Instant::now() + (lease.duration() / 10).min(Duration::from_secs(1));
-    for (&(slot, id), outcome) in done.ids.iter().zip(outcomes) {
+    for (&item, outcome) in done.ids.iter().zip(outcomes) {
+        let (slot, id) = match item {
+            Item::Grant(slot, id) => (slot, id),
+            Item::Waiting(slot, id) => {
+                // Renewed, or gone (the waiter got the lock or left: its entry leaves the
+                // table at once; or it lapsed: the waiter's next try queues it again), the
+                // entry is renewed again a third of a lease later while it is on the table.
+                if let Some(waiting) = state.waiting.get_mut(slot).filter(|w| w.id == id) {
+                    let due = match outcome {
+                        Some(_) => done.sent_at + lease.duration() / 3,
+                        None => retry_at,
+                    };
+                    waiting.due = Some(due);
+                    state.waiting_due.insert((due, slot));
+                }
+                continue;
+            }
+        };
         let Some(grant) = state.live_grant(slot, id) else {
             continue; // released or replaced meanwhile
         };

@@ -127,6 +127,9 @@ pub(crate) struct State {
     index: HashTable<usize>,
     hasher: DefaultHashBuilder,
     pub(crate) due: BTreeSet<(Instant, usize)>,
+    /// Fair-lock queue entries to renew ([`crate::waiting`]), and their schedule.
+    pub(crate) waiting: Slab<crate::waiting::Waiting>,
+    pub(crate) waiting_due: BTreeSet<(Instant, usize)>,
     pub(crate) next_id: u64,
     /// When the renewal task will next look at the schedule. A new grant wakes it only when
     /// due earlier than that: acquiring a lock costs no task wake-up in the common case.
@@ -145,6 +148,8 @@ impl State {
             index: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
             due: BTreeSet::new(),
+            waiting: Slab::new(),
+            waiting_due: BTreeSet::new(),
             next_id: 0,
             planned: None,
             grants: 0,

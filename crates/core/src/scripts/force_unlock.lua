@@ -1,10 +1,14 @@
 -- Release a lock whoever holds it, and wake its waiters (operator's escape hatch).
 --
 -- KEYS[1]  lock hash  P:{N}
+-- KEYS[2]  (unused)
+-- KEYS[3]  fair-lock waiters          P:{N}:waiters
+-- KEYS[4]  fair-lock waiter deadlines P:{N}:waiters:until
 -- ARGV[1]  release channel  P:{N}:released
+-- ARGV[2]  fair-lock waiter channel prefix  P:{N}:released:
 --
--- Replies: 1 a lock was removed (and '@FREE@' published: one waiter per client wakes); 0 there
--- was none.
+-- Replies: 1 a lock was removed (and '@FREE@' published: one waiter per client wakes; a fair
+-- lock's first live waiter gets its turn); 0 there was none.
 -- error 'WRONGTYPE 1 ...' the key holds another type (it is not ours to delete).
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'none' then
@@ -15,4 +19,11 @@ if kind ~= 'hash' then
 end
 redis.call('PUBLISH', ARGV[1], '@FREE@')
 redis.call('DEL', KEYS[1])
+if redis.call('TYPE', KEYS[3])['ok'] == 'zset' and redis.call('TYPE', KEYS[4])['ok'] == 'zset' then
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local prefix = ARGV[2]
+  local except = false
+  @HAND_ON@
+end
 return 1

@@ -1,28 +1,53 @@
--- Renew many holds in one round trip (the watchdog's tick).
+-- Renew many holds and fair-lock queue entries in one round trip (the watchdog's tick).
 --
--- KEYS[1..n]  lock hashes (on Cluster, all in one slot: the caller groups by slot)
+-- KEYS        per item, in order: a hold's lock hash; or for a queue entry, the waiters zset
+--             and their deadlines zset (two keys). On Cluster, all in one slot: the caller
+--             groups by slot.
 -- ARGV[1]     lease in milliseconds
--- ARGV[2i]    owner id of the hold at position i in KEYS
--- ARGV[2i+1]  the token of the grant that hold belongs to
+-- ARGV[2i]    owner id of item i
+-- ARGV[2i+1]  the token of the grant that hold belongs to; '' for a queue entry
 --
--- Replies: an array of n integers: 1 renewed; 0 that grant is gone (expired, force-unlocked,
--- taken by another owner, replaced by a later grant of the same owner, or the key now holds
--- another type). A renewal extends only the grant it was made for: the same owner's later
+-- Replies: an array with one integer per item: 1 renewed; 0 that grant is gone (expired,
+-- force-unlocked, taken by another owner, replaced by a later grant of the same owner, or the
+-- key now holds another type), or that entry is gone (the waiter got the lock or left, or the
+-- entry lapsed). A renewal extends only the grant it was made for: the same owner's later
 -- grant has another token, and a guard whose grant ended must stay lost.
 --
 -- A renewal only ever extends: the same owner may have re-entered with a longer explicit lease
--- (lock_with_lease), and that hold's guard counts on its full lease (as acquire.lua does).
+-- (lock_with_lease), and that hold's guard counts on its full lease (as acquire.lua does). A
+-- queue entry's deadline becomes server time + the lease, and its zsets outlive it by a second.
 local lease = tonumber(ARGV[1])
 local renewed = {}
-for i = 1, #KEYS do
-  local fields = redis.pcall('HMGET', KEYS[i], ARGV[2 * i], '@FENCE@')
-  if not fields.err and fields[1] and fields[2] == ARGV[2 * i + 1] then
-    if redis.call('PTTL', KEYS[i]) < lease then
-      redis.call('PEXPIRE', KEYS[i], ARGV[1])
+local k = 1
+local now_ms
+for i = 1, (#ARGV - 1) / 2 do
+  local owner, token = ARGV[2 * i], ARGV[2 * i + 1]
+  if token == '' then
+    local score = redis.pcall('ZSCORE', KEYS[k + 1], owner)
+    if type(score) == 'string' then
+      if not now_ms then
+        local t = redis.call('TIME')
+        now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      redis.call('ZADD', KEYS[k + 1], now_ms + lease, owner)
+      redis.call('PEXPIRE', KEYS[k], lease + 1000)
+      redis.call('PEXPIRE', KEYS[k + 1], lease + 1000)
+      renewed[i] = 1
+    else
+      renewed[i] = 0
     end
-    renewed[i] = 1
+    k = k + 2
   else
-    renewed[i] = 0
+    local fields = redis.pcall('HMGET', KEYS[k], owner, '@FENCE@')
+    if not fields.err and fields[1] and fields[2] == token then
+      if redis.call('PTTL', KEYS[k]) < lease then
+        redis.call('PEXPIRE', KEYS[k], ARGV[1])
+      end
+      renewed[i] = 1
+    else
+      renewed[i] = 0
+    end
+    k = k + 1
   end
 end
 return renewed

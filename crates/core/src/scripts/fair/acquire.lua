@@ -1,0 +1,129 @@
+-- Acquire, re-enter, or queue for a fair lock: strict arrival order over every waiter of every
+-- client.
+--
+-- KEYS[1]  lock hash        P:{N}                 as the plain lock's: owner id -> hold count,
+--                                                 '@FENCE@' -> the grant's token
+-- KEYS[2]  fence counter    P:{T}:fence           as the plain lock's
+-- KEYS[3]  waiters          P:{N}:waiters         zset: owner id -> arrival (server microseconds)
+-- KEYS[4]  their deadlines  P:{N}:waiters:until   zset: owner id -> server milliseconds after
+--                                                 which the entry is dead (renewed by the
+--                                                 waiter's watchdog)
+-- ARGV[1]  owner id
+-- ARGV[2]  lease in milliseconds
+-- ARGV[3]  mode:
+--   't'    a try (try_lock): granted only if the lock is free and nobody waits (or this owner
+--          is first in line); never queues
+--   'w'    a waiter's try: as 't', and when not granted the owner is queued (once: it keeps its
+--          place)
+--   'r'    re-enter the grant with token ARGV[4]; when that grant is gone, a plain 't'
+-- ARGV[4]  for 'r' the token; otherwise 'n' for a non-reentrant handle, or ''
+-- ARGV[5]  waiter channel prefix  P:{N}:released:  (the waiter whose turn it is hears
+--          '@FREE@' on prefix .. owner id)
+-- ARGV[6]  entry lifetime in milliseconds (the watchdog lease): a new entry's deadline
+--
+-- Replies, as the plain acquire's: a new grant's token; {hold_count, fence} for a re-entry;
+-- {0, pttl} when busy: pttl bounds how long the lock stays as it is without a message to this
+-- waiter (the holder's lease, or the reservation of the head's turn).
+-- Errors 'WRONGTYPE <i> ...' when KEYS[i] holds another type; nothing was changed then.
+
+local owner = ARGV[1]
+local mode = ARGV[3]
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prefix = ARGV[5]
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'hash' then
+  return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+end
+for i = 3, 4 do
+  local other = redis.call('TYPE', KEYS[i])['ok']
+  if other ~= 'none' and other ~= 'zset' then
+    return redis.error_reply('WRONGTYPE ' .. i .. ' the waiters key holds another type')
+  end
+end
+
+if mode == 'r' then
+  local fields = redis.call('HMGET', KEYS[1], owner, '@FENCE@')
+  if fields[1] and fields[2] == ARGV[4] then
+    -- A holder needs no place in line (a waiter of this owner that re-entered instead).
+    redis.call('ZREM', KEYS[3], owner)
+    redis.call('ZREM', KEYS[4], owner)
+    local count = redis.call('HINCRBY', KEYS[1], owner, 1)
+    if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    end
+    return {count, fields[2]}
+  end
+  mode = 't'
+end
+
+-- May this owner take the lock now? It is free, or reserved for this owner's turn, or held by
+-- this owner under a grant the client never saw (an orphan: replaced, as the plain lock does,
+-- unless the handle is non-reentrant).
+local pttl = redis.call('PTTL', KEYS[1])
+local free = pttl == -2
+local mine = false
+if not free then
+  if redis.call('HEXISTS', KEYS[1], owner) == 1 then
+    mine = ARGV[4] ~= 'n'
+  elseif redis.call('HEXISTS', KEYS[1], '@TURN@' .. owner) == 1 then
+    mine = true
+  end
+end
+
+if free or mine then
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not mine and first and first ~= owner then
+    -- Free, but others were first. Their deadlines decide who is still there: the lock goes
+    -- to the first live one (reserved and told again, if its message was lost), or to this
+    -- owner when it is that one.
+    local except = owner
+    @HAND_ON@
+    first = head
+  end
+  if mine or not first or first == owner then
+    -- Granted. The fence first, before any other write (see acquire.lua).
+    local now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
+    local fence = now
+    local stored = redis.pcall('SET', KEYS[2], now, 'GET')
+    if type(stored) == 'table' and stored.err then
+      if string.sub(stored.err, 1, 9) == 'WRONGTYPE' then
+        return redis.error_reply('WRONGTYPE 2 the fencing counter holds another type')
+      end
+      return stored
+    end
+    if stored and (#stored > #now or (#stored == #now and stored >= now))
+        and (#stored < 19 or (#stored == 19 and stored < '9223372036854775807'))
+        and string.find(stored, '^[1-9][0-9]*$') then
+      redis.call('SET', KEYS[2], stored)
+      fence = redis.call('INCR', KEYS[2])
+    end
+    redis.call('ZREM', KEYS[3], owner)
+    redis.call('ZREM', KEYS[4], owner)
+    redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[1], owner, '1', '@FENCE@', fence)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return fence
+  end
+  pttl = redis.call('PTTL', KEYS[1])
+end
+
+if mode == 'w' then
+  -- Queued once, at the back: the score is the arrival time, made unique (two arrivals in one
+  -- microsecond keep their order). An entry that lapsed (its client stopped renewing it for a
+  -- whole lifetime) comes back at the back.
+  if not redis.call('ZSCORE', KEYS[3], owner) then
+    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    if last and tonumber(last) >= arrival then
+      arrival = tonumber(last) + 1
+    end
+    redis.call('ZADD', KEYS[3], arrival, owner)
+  end
+  local life = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[4], now_ms + life, owner)
+  -- The zsets outlive their newest entry by a second: when every waiter is gone, they go too.
+  redis.call('PEXPIRE', KEYS[3], life + 1000)
+  redis.call('PEXPIRE', KEYS[4], life + 1000)
+end
+return {0, pttl}

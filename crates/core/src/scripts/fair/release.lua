@@ -1,0 +1,44 @@
+-- Release one hold of a fair lock, or settle a command whose reply never came; the last hold
+-- hands the lock to the first live waiter.
+--
+-- KEYS[1]  lock hash        P:{N}
+-- KEYS[2]  (unused: keeps the waiters at 3 and 4, as in the fair acquire)
+-- KEYS[3]  waiters          P:{N}:waiters
+-- KEYS[4]  their deadlines  P:{N}:waiters:until
+-- ARGV[1]  owner id
+-- ARGV[2]  waiter channel prefix  P:{N}:released:
+-- ARGV[3]  the token of the grant the hold must belong to; absent or '' for the owner's grant
+-- ARGV[4]  absent for a release; to settle: the expected hold count (see release.lua)
+--
+-- Replies as release.lua's: remaining >= 0 released; -1 not held under that token; -2
+-- settling found another count. Error 'WRONGTYPE 1 ...' when the lock key holds another type.
+
+local count = redis.pcall('HGET', KEYS[1], ARGV[1])
+if type(count) == 'table' then
+  if string.sub(count.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
+  end
+  return count
+end
+if not count then
+  return -1
+end
+if ARGV[3] and ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '@FENCE@') ~= ARGV[3] then
+  return -1
+end
+if ARGV[4] and count ~= ARGV[4] then
+  return -2
+end
+if count ~= '1' then
+  return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+end
+redis.call('DEL', KEYS[1])
+-- A foreign key where the waiters belong must not stop a release: then nobody is handed on.
+if redis.call('TYPE', KEYS[3])['ok'] == 'zset' and redis.call('TYPE', KEYS[4])['ok'] == 'zset' then
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local prefix = ARGV[2]
+  local except = false
+  @HAND_ON@
+end
+return 0
