@@ -167,8 +167,7 @@ impl LockClient {
     }
 
     /// A handle on the fair lock `name`: waiters get it in the order they arrived, across
-    /// every waiter of every client, each woken alone on its turn (see the [fair lock
-    /// guide](https://docs.rs/leasehold/latest/leasehold/#fair-locks) and `docs/fair-lock.md`).
+    /// every waiter of every client, each woken alone on its turn (see `docs/fair-lock.md`).
     /// It is a [`Lock`] in every other way: reentrant (or [`Lock::non_reentrant`]), watched,
     /// fenced, cancel safe.
     ///
@@ -187,6 +186,19 @@ impl LockClient {
     pub fn fair_lock(&self, name: &str) -> Result<Lock> {
         let keys = LockKeys::new(&self.inner.prefix, name)?.fair();
         Ok(Lock::new(self.inner.clone(), keys))
+    }
+
+    /// A handle on the read/write lock `name`: many readers or one writer, through
+    /// [`RwLock::read`] and [`RwLock::write`] (see [`RwLock`] for the policy).
+    ///
+    /// # Errors
+    /// As [`LockClient::lock`].
+    pub fn rw_lock(&self, name: &str) -> Result<crate::RwLock> {
+        let keys = LockKeys::new(&self.inner.prefix, name)?;
+        Ok(crate::RwLock::new(
+            Lock::new(self.inner.clone(), keys.clone()),
+            &keys,
+        ))
     }
 
     /// A new explicit owner: holds taken under it are shared by every task that uses it (see

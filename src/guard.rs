@@ -283,6 +283,12 @@ impl<'a> LockGuard<'a> {
     /// As [`LockGuard::unlock`].
     pub async fn unlock_after(mut self, after: Duration) -> Result<()> {
         let after = Lease::new(after)?;
+        if self.hold.keys.is_read_write() {
+            // Dropped here: released now.
+            return Err(LockError::InvalidArgument(
+                "unlock_after is not supported on a read/write lock".into(),
+            ));
+        }
         self.start_release(ReleaseKind::After(after.millis()))
             .send()
             .await

@@ -32,7 +32,9 @@
 //! wait               the waiting engine: line up, try, register interest, sleep until a
 //!                    wake-up, the busy time or the deadline; generic over one `Attempt`
 //! release            releases, and settling commands whose reply never came
-//! lock, guard        the plain lock: its attempt (acquire.lua) and its guard
+//! lock, guard        every kind's handle, attempt and guard: the plain lock (acquire.lua),
+//!                    the fair lock (fair/*.lua) and a read/write lock's sides (rw/*.lua)
+//! rw_lock            RwLock: two Lock handles on one name
 //! schedule           run-once jobs on top of the lock
 //! ```
 //! Below it: `leasehold-core` (keys, leases, owners, protocol words, scripts, errors),
@@ -49,6 +51,7 @@ mod connect;
 mod guard;
 mod lock;
 mod release;
+mod rw_lock;
 pub mod schedule;
 mod wait;
 
@@ -59,7 +62,9 @@ pub use client::{LockClient, LAST_TRY_BUDGET};
 pub use guard::LockGuard;
 pub use leasehold_core::protocol::DEFAULT_TURN_GRACE;
 pub use leasehold_core::{
-    FencingToken, Lease, LockError, LockKeys, Owner, RedisError, Result, MAX_LEASE, MAX_NAME_LEN,
+    FencingToken, Lease, LockError, LockKeys, LockKind, Owner, RedisError, Result, MAX_LEASE,
+    MAX_NAME_LEN,
 };
 pub use leasehold_watchdog::WatchdogStats;
 pub use lock::Lock;
+pub use rw_lock::RwLock;

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind, Waiter};
 use leasehold_core::telemetry::{LockMetrics, Outcome};
-use leasehold_core::{DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
+use leasehold_core::{
+    DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result,
+};
 use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode, Prepared, WaitingEntry};
 use tokio::time::Instant;
 
@@ -54,6 +56,12 @@ impl Lock {
             owner: None,
             reentrant: true,
         }
+    }
+
+    /// This handle on other keys (another kind's, for the same name).
+    pub(crate) fn with_keys(mut self, keys: LockKeys) -> Lock {
+        self.keys = keys;
+        self
     }
 
     /// The lock name.
@@ -354,6 +362,18 @@ impl Lock {
             Some((_, prepared)) => *prepared,
             None => client.holds.prepare(&attempt.hold),
         };
+        // A reader asking for the write side would wait for itself: refused at once.
+        if self.keys.kind() == LockKind::Write && prepared.grant.is_none() {
+            let read = HoldId::new(
+                self.keys.of_kind(LockKind::Read),
+                attempt.hold.owner.clone(),
+            );
+            if client.holds.prepare(&read).grant.is_some() {
+                return Err(LockError::UpgradeRefused {
+                    name: self.keys.name().to_string(),
+                });
+            }
+        }
         // A detached guard of this task's hold lives in another task: this task waits for it
         // like any other task instead of re-entering it. (A handle with an explicit owner
         // re-enters on purpose: see LockGuard::reentrant.)
@@ -475,7 +495,10 @@ impl Attempt for LockAttempt<'_> {
         budget: Duration,
     ) -> Result<Tried<Granted>> {
         let tried = self.try_once(waiter, budget, None, true).await;
-        if self.hold.keys.is_fair() && self.entry.is_none() && matches!(tried, Ok(Tried::Busy(_))) {
+        if self.hold.keys.has_own_lines()
+            && self.entry.is_none()
+            && matches!(tried, Ok(Tried::Busy(_)))
+        {
             // The try queued the owner: from now on its entry must be renewed.
             self.entry = Some(self.client.holds.keep_waiting(&self.hold));
         }
@@ -483,7 +506,7 @@ impl Attempt for LockAttempt<'_> {
     }
 
     fn line(&self) -> Line {
-        if self.hold.keys.is_fair() {
+        if self.hold.keys.has_own_lines() {
             let mut channel = self.hold.keys.waiter_channel_prefix();
             channel.push_str(self.hold.owner.id());
             Line::Own {
@@ -552,10 +575,12 @@ impl LockAttempt<'_> {
                 AcquireMode::Reenter(grant.token)
             }
             (Some(_), _) => return Ok(Tried::Busy(None)),
-            (None, reentrant) if queue && self.hold.keys.is_fair() => AcquireMode::FairWaiter {
-                entry_life: client.holds.lease(),
-                non_reentrant: !reentrant,
-            },
+            (None, reentrant) if queue && self.hold.keys.has_own_lines() => {
+                AcquireMode::FairWaiter {
+                    entry_life: client.holds.lease(),
+                    non_reentrant: !reentrant,
+                }
+            }
             (None, true) => match waiter {
                 Some(waiter) => AcquireMode::Waiter(waiter),
                 None => AcquireMode::Try,
@@ -566,8 +591,9 @@ impl LockAttempt<'_> {
         if let AcquireMode::Reenter(token) = mode {
             match &tried {
                 Tried::Granted(_) => {
-                    // (A fair lock's re-entry takes the owner out of its line in the script.)
-                    if waiter.is_some_and(|w| !w.more) && !self.hold.keys.is_fair() {
+                    // (A fair or read/write lock's re-entry takes the owner out of its line in
+                    // the script.)
+                    if waiter.is_some_and(|w| !w.more) && !self.hold.keys.has_own_lines() {
                         wait::leave_turn_queue(client, &self.hold.keys);
                     }
                 }

@@ -205,3 +205,75 @@ async fn fair_lock_scripts_run_on_a_cluster() {
     assert!(waiter.await.unwrap().unwrap());
     drop(held);
 }
+
+/// The read/write lock's scripts on Cluster: reads, writes, downgrade, renewals of both sides
+/// batched by slot, waiting readers and writers, leaving the line and force unlock, on names
+/// over many slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rw_lock_scripts_run_on_a_cluster() {
+    let node = cluster_node();
+    let lease = Duration::from_millis(600);
+    let a = cluster_client(&node, lease).await;
+    let b = cluster_client(&node, lease).await;
+    let names: Vec<String> = (0..20).map(|i| format!("rw:{i}")).collect();
+    let mut guards = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let rw = a.rw_lock(name).unwrap();
+        if i % 2 == 0 {
+            let w = rw.write().try_lock().await.unwrap().expect("free");
+            let r = rw.read().try_lock().await.unwrap().expect("downgrade");
+            guards.push(w.detach());
+            guards.push(r.detach());
+        } else {
+            guards.push(rw.read().try_lock().await.unwrap().expect("free").detach());
+        }
+    }
+    // Held across several renewal periods: both sides renewed in batches by slot.
+    let renewed = a.watchdog_stats().renewed;
+    assert!(
+        common::eventually(Duration::from_secs(15), || a.watchdog_stats().renewed
+            >= renewed + 3 * guards.len() as u64)
+        .await,
+        "{:?}",
+        a.watchdog_stats()
+    );
+    assert_eq!(a.watchdog_stats().lost, 0);
+    // Writers wait on every name (a timed-out wait leaves first); readers wait behind them.
+    let mut waits = Vec::new();
+    for name in &names {
+        let rw = b.rw_lock(name).unwrap();
+        assert!(rw
+            .write()
+            .try_lock_for(Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_none());
+        waits.push(tokio::spawn(async move {
+            rw.write()
+                .try_lock_for(Duration::from_secs(20))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        }));
+    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || b.waiters() == names.len()).await,
+        "the writers queued"
+    );
+    for guard in guards.drain(..) {
+        guard.unlock().await.unwrap();
+    }
+    for wait in waits {
+        let guard = wait.await.unwrap().unwrap().expect("handed over");
+        guard.unlock().await.unwrap();
+    }
+    let rw = a.rw_lock(&names[5]).unwrap();
+    let held = rw.read().try_lock().await.unwrap().expect("free").detach();
+    assert!(b
+        .rw_lock(&names[5])
+        .unwrap()
+        .write()
+        .force_unlock()
+        .await
+        .unwrap());
+    assert!(!held.is_held() || held.unlock().await.is_err());
+}

@@ -12,7 +12,7 @@ use fred::types::Key;
 
 use crate::error::from_fred;
 use crate::scripts::Scripts;
-use crate::{FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
+use crate::{FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result};
 
 /// How an acquire is sent (see `scripts/acquire.lua`).
 #[derive(Clone, Copy, Debug)]
@@ -126,8 +126,12 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     lease: Lease,
     mode: AcquireMode<'_>,
 ) -> Result<Acquire> {
-    if keys.is_fair() {
-        return fair_acquire(client, scripts, keys, owner, lease, mode).await;
+    match keys.kind() {
+        LockKind::Plain => {}
+        LockKind::Fair => return fair_acquire(client, scripts, keys, owner, lease, mode).await,
+        LockKind::Read | LockKind::Write => {
+            return rw_acquire(client, scripts, keys, owner, lease, mode).await
+        }
     }
     let reply: Value = scripts
         .acquire
@@ -220,6 +224,78 @@ async fn fair_acquire<C: LuaInterface + Send + Sync>(
     acquire_reply(reply)
 }
 
+/// The side of a read/write lock's keys, as its scripts name it.
+fn side(keys: &LockKeys) -> Value {
+    word(if keys.kind() == LockKind::Read {
+        "read"
+    } else {
+        "write"
+    })
+}
+
+/// The five keys of the read/write lock's scripts (`scripts/rw/common.lua`), and of
+/// force unlock; the fence counter's place holds the hash for the scripts that need no fence.
+fn rw_keys(keys: &LockKeys, fence: bool) -> (Vec<Key>, [String; 3]) {
+    let names = [keys.waiters(), keys.waiters_until(), keys.leases()];
+    let list = vec![
+        Key::from(keys.hash_str()),
+        Key::from(if fence {
+            keys.fence_str()
+        } else {
+            keys.hash_str()
+        }),
+        Key::from(names[0].as_str()),
+        Key::from(names[1].as_str()),
+        Key::from(names[2].as_str()),
+    ];
+    (list, names)
+}
+
+/// Runs the read/write lock's acquire script (`scripts/rw/acquire.lua`).
+async fn rw_acquire<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    owner: &Owner,
+    lease: Lease,
+    mode: AcquireMode<'_>,
+) -> Result<Acquire> {
+    let prefix = keys.waiter_channel_prefix();
+    let (code, token, life) = match mode {
+        AcquireMode::Try | AcquireMode::Waiter(_) | AcquireMode::NonReentrant(_) => {
+            ("t", Value::from(""), 0)
+        }
+        AcquireMode::Reenter(token) => ("r", token_arg(Some(token)), 0),
+        AcquireMode::FairWaiter { entry_life, .. } => ("w", Value::from(""), entry_life.millis()),
+    };
+    let (_, names) = rw_keys(keys, true);
+    let reply: Value = scripts
+        .rw_acquire
+        .call(client, || {
+            (
+                rw_keys(keys, true).0.into(),
+                Value::Array(vec![
+                    Value::from(owner.id_str().clone()),
+                    Value::from(lease.millis() as i64),
+                    word(code),
+                    token.clone(),
+                    Value::from(prefix.as_str()),
+                    Value::from(life as i64),
+                    side(keys),
+                ]),
+            )
+        })
+        .await
+        .map_err(|e| {
+            from_fred(
+                e,
+                &[keys.hash(), keys.fence(), &names[0], &names[1], &names[2]],
+            )
+        })
+        .map_err(|e| e.naming(keys.name()))?;
+    acquire_reply(reply)
+}
+
 /// Reads an acquire script's reply (plain and fair alike).
 fn acquire_reply(reply: Value) -> Result<Acquire> {
     let values = match &reply {
@@ -261,6 +337,29 @@ pub async fn release<C: LuaInterface + Send + Sync>(
 ) -> Result<Release> {
     let keys = &hold.keys;
     let reply: Value = match kind {
+        ReleaseKind::Now if keys.is_read_write() => {
+            let prefix = keys.waiter_channel_prefix();
+            scripts
+                .rw_release
+                .call(client, || {
+                    (
+                        rw_keys(keys, false).0.into(),
+                        Value::Array(vec![
+                            Value::from(hold.owner.id_str().clone()),
+                            Value::from(prefix.as_str()),
+                            token_arg(token),
+                            expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
+                            side(keys),
+                        ]),
+                    )
+                })
+                .await
+        }
+        ReleaseKind::After(_) if keys.is_read_write() => {
+            return Err(LockError::InvalidArgument(
+                "unlock_after is not supported on a read/write lock".into(),
+            ));
+        }
         ReleaseKind::Now if keys.is_fair() => {
             let (waiters, until, prefix) = (
                 keys.waiters(),
@@ -367,15 +466,29 @@ pub async fn renew<C: LuaInterface + Send + Sync>(
             let mut args = Vec::with_capacity(2 * holds.len() + 1);
             args.push(Value::from(lease.millis() as i64));
             for r in holds {
+                let lock = &r.hold.keys;
+                args.push(Value::from(r.hold.owner.id_str().clone()));
                 match r.token {
-                    Some(_) => keys.push(Key::from(r.hold.keys.hash_str())),
+                    Some(token) if lock.is_read_write() => {
+                        keys.push(Key::from(lock.hash_str()));
+                        keys.push(Key::from(lock.leases()));
+                        let side = if lock.kind() == LockKind::Read {
+                            'r'
+                        } else {
+                            'w'
+                        };
+                        args.push(Value::from(format!("{side}{token}")));
+                    }
+                    Some(_) => {
+                        keys.push(Key::from(lock.hash_str()));
+                        args.push(token_arg(r.token));
+                    }
                     None => {
-                        keys.push(Key::from(r.hold.keys.waiters()));
-                        keys.push(Key::from(r.hold.keys.waiters_until()));
+                        keys.push(Key::from(lock.waiters()));
+                        keys.push(Key::from(lock.waiters_until()));
+                        args.push(token_arg(None));
                     }
                 }
-                args.push(Value::from(r.hold.owner.id_str().clone()));
-                args.push(token_arg(r.token));
             }
             (keys.into(), Value::Array(args))
         })
@@ -402,8 +515,8 @@ pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>
         .map_err(|e| from_fred(e, &[keys.queue()]))
 }
 
-/// A fair-lock waiter gives up: its entry goes, and a turn reserved for it passes on
-/// (`scripts/fair/leave.lua`).
+/// A fair-lock (or read/write lock) waiter gives up: its entry goes, and a turn reserved for
+/// it passes on (`scripts/fair/leave.lua`, `scripts/rw/leave.lua`).
 pub async fn fair_leave<C: LuaInterface + Send + Sync>(
     client: &C,
     scripts: &Scripts,
@@ -415,6 +528,22 @@ pub async fn fair_leave<C: LuaInterface + Send + Sync>(
         keys.waiters_until(),
         keys.waiter_channel_prefix(),
     );
+    if keys.is_read_write() {
+        let _: i64 = scripts
+            .rw_leave
+            .call(client, || {
+                (
+                    rw_keys(keys, false).0.into(),
+                    Value::Array(vec![
+                        Value::from(owner.id_str().clone()),
+                        Value::from(prefix.as_str()),
+                    ]),
+                )
+            })
+            .await
+            .map_err(|e| from_fred(e, &[keys.hash(), &waiters, &until]))?;
+        return Ok(());
+    }
     let _passed: i64 = scripts
         .fair_leave
         .call(client, || {
@@ -444,22 +573,12 @@ pub async fn force_unlock<C: LuaInterface + Send + Sync>(
     scripts: &Scripts,
     keys: &LockKeys,
 ) -> Result<bool> {
-    let (waiters, until, prefix) = (
-        keys.waiters(),
-        keys.waiters_until(),
-        keys.waiter_channel_prefix(),
-    );
+    let prefix = keys.waiter_channel_prefix();
     let removed: i64 = scripts
         .force_unlock
         .call(client, || {
             (
-                vec![
-                    Key::from(keys.hash_str()),
-                    Key::from(keys.hash_str()),
-                    Key::from(waiters.as_str()),
-                    Key::from(until.as_str()),
-                ]
-                .into(),
+                rw_keys(keys, false).0.into(),
                 Value::Array(vec![
                     Value::from(keys.released_str()),
                     Value::from(prefix.as_str()),
@@ -489,8 +608,12 @@ pub async fn hold_count<C: fred::interfaces::HashesInterface + Send + Sync>(
     keys: &LockKeys,
     owner: &Owner,
 ) -> Result<u64> {
+    let field = match keys.kind() {
+        LockKind::Read => format!("{}{}", crate::protocol::READ_FIELD_PREFIX, owner.id()),
+        _ => owner.id().to_string(),
+    };
     let count: Option<u64> = client
-        .hget(keys.hash_str(), owner.id_str().clone())
+        .hget(keys.hash_str(), field)
         .await
         .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(count.unwrap_or(0))

@@ -60,6 +60,18 @@ pub enum LockError {
         /// The lock name.
         name: String,
     },
+    /// The owner asked for a read/write lock's write side while it holds the read side: it
+    /// would wait for itself (and two readers doing so would wait for each other). Refused at
+    /// once; nothing changed. Release the read hold first, or take the write lock first and
+    /// the read lock under it (downgrade).
+    #[error(
+        "the owner holds a read lock on {name:?}: it cannot wait for the write lock \
+         (release the read lock first)"
+    )]
+    UpgradeRefused {
+        /// The lock name.
+        name: String,
+    },
 }
 
 /// An error from Redis or from the connection to it, as the source of a [`LockError`]. Its
@@ -98,6 +110,8 @@ pub(crate) enum Class {
     PermissionDenied,
     /// WRONGTYPE; `Some(i)`: the script named its KEYS[i] (1-based).
     WrongType(Option<usize>),
+    /// A read/write lock's acquire script refused an upgrade (`UPGRADE ...`).
+    Upgrade,
     Other,
 }
 
@@ -140,6 +154,7 @@ pub(crate) fn classify(error: &FredError) -> Class {
         "NOSCRIPT" => Class::NoScript,
         "NOPERM" | "NOAUTH" | "WRONGPASS" => Class::PermissionDenied,
         "WRONGTYPE" => Class::WrongType(words.next().and_then(|w| w.parse().ok())),
+        "UPGRADE" => Class::Upgrade,
         code if UNAVAILABLE_CODES.contains(&code) => Class::Connection,
         // Inside a script Redis 7 reports a refused command as "ERR ... script: ..." with the
         // ACL's own words; older servers say "The user executing the script can't run this
@@ -165,6 +180,18 @@ impl LockError {
     }
 }
 
+impl LockError {
+    /// Fills in the lock name of an error made without one.
+    pub(crate) fn naming(self, lock: &str) -> LockError {
+        match self {
+            LockError::UpgradeRefused { name } if name.is_empty() => LockError::UpgradeRefused {
+                name: lock.to_string(),
+            },
+            other => other,
+        }
+    }
+}
+
 pub(crate) fn from_fred(error: FredError, keys: &[&str]) -> LockError {
     match classify(&error) {
         Class::Timeout => LockError::Timeout,
@@ -177,6 +204,9 @@ pub(crate) fn from_fred(error: FredError, keys: &[&str]) -> LockError {
                 .map_or_else(String::new, |k| k.to_string());
             LockError::WrongType { key }
         }
+        Class::Upgrade => LockError::UpgradeRefused {
+            name: String::new(),
+        },
         Class::NoScript | Class::Other => match error.kind() {
             ErrorKind::Config | ErrorKind::Url => {
                 LockError::InvalidArgument(error.details().to_string())

@@ -11,7 +11,7 @@
 //! | `P:{T}:fence`       | string | last fencing token handed out in N's Cluster slot;    |
 //! |                     |        | `T` is a number chosen to hash to that slot; no TTL    |
 //!
-//! A fair lock ([`LockKeys::fair`]) adds, while someone waits:
+//! A fair lock ([`LockKeys::fair`]) and a read/write lock add, while someone waits:
 //!
 //! | key / channel              | type    | what                                          |
 //! |----------------------------|---------|-----------------------------------------------|
@@ -19,6 +19,10 @@
 //! | `P:{N}:waiters:until`      | zset    | owner id -> when the entry is dead (server    |
 //! |                            |         | milliseconds; renewed by the watchdog)        |
 //! | `P:{N}:released:<owner>`   | channel | that waiter's turn                            |
+//!
+//! A read/write lock's hash has other fields (see `scripts/rw/common.lua`), and its holds'
+//! leases are in `P:{N}:leases` (zset: the writer's owner id or `~r:<owner>` -> deadline in
+//! server milliseconds).
 //!
 //! The braces are a Redis Cluster hash tag: every key and the channel of one lock live in one
 //! slot, the fencing counter included, so every script runs on Cluster (and the channel can be
@@ -103,7 +107,7 @@ impl fmt::Display for Prefix {
 ///
 /// Cheap to clone (one reference count), and its strings are slices of one fred [`Str`], so
 /// putting them into a command copies no bytes: every acquire and release sends two to four of
-/// them. Equality and hashing use the lock hash key alone (it determines the others).
+/// them. Equality uses the lock hash key and the [`LockKind`]; hashing the hash key alone.
 #[derive(Clone, Debug)]
 pub struct LockKeys(Arc<KeyStrings>);
 
@@ -117,8 +121,21 @@ struct KeyStrings {
     /// end. A name is at most 1 KiB and a prefix 256 bytes, so the buffer fits `u16` offsets.
     ends: [u16; 4],
     slot: u16,
-    /// A fair lock's keys ([`LockKeys::fair`]): its scripts differ.
-    fair: bool,
+    /// Which kind of lock these keys are for: its scripts differ.
+    kind: LockKind,
+}
+
+/// The kind of lock a [`LockKeys`] is for: each kind has its own scripts over the same hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockKind {
+    /// The plain reentrant lock (`scripts/*.lua`).
+    Plain,
+    /// The fair lock (`scripts/fair/`).
+    Fair,
+    /// A read/write lock's read side (`scripts/rw/`).
+    Read,
+    /// A read/write lock's write side (`scripts/rw/`).
+    Write,
 }
 
 impl KeyStrings {
@@ -152,8 +169,10 @@ const QUEUE: usize = 3;
 const FENCE: usize = 4;
 
 impl PartialEq for LockKeys {
+    /// The same hash key and kind: a read/write lock's read and write holds of one owner are
+    /// two holds.
     fn eq(&self, other: &Self) -> bool {
-        self.hash() == other.hash()
+        self.0.kind == other.0.kind && self.hash() == other.hash()
     }
 }
 
@@ -268,25 +287,51 @@ impl LockKeys {
             all: Str::from(all),
             ends,
             slot,
-            fair: false,
+            kind: LockKind::Plain,
         })))
     }
 
-    /// The same lock's keys, for its fair form: acquires are served in arrival order
-    /// (`scripts/fair/`). Locks are told apart by their hash key alone: one name should be
-    /// used as one kind.
-    pub fn fair(&self) -> LockKeys {
+    /// The same lock's keys, for another kind: the fair form (acquires served in arrival
+    /// order) or a read/write lock's sides. One name should be used as one kind (a read/write
+    /// lock's two sides are one kind).
+    pub fn of_kind(&self, kind: LockKind) -> LockKeys {
         LockKeys(Arc::new(KeyStrings {
             all: self.0.all.clone(),
             ends: self.0.ends,
             slot: self.0.slot,
-            fair: true,
+            kind,
         }))
+    }
+
+    /// The same lock's keys, for its fair form ([`LockKind::Fair`]).
+    pub fn fair(&self) -> LockKeys {
+        self.of_kind(LockKind::Fair)
+    }
+
+    /// Which kind of lock these keys are for.
+    pub fn kind(&self) -> LockKind {
+        self.0.kind
     }
 
     /// Whether these are a fair lock's keys.
     pub fn is_fair(&self) -> bool {
-        self.0.fair
+        self.0.kind == LockKind::Fair
+    }
+
+    /// Whether these are a read/write lock's keys (either side).
+    pub fn is_read_write(&self) -> bool {
+        matches!(self.0.kind, LockKind::Read | LockKind::Write)
+    }
+
+    /// Whether waiters of this kind line up one by one in Redis (`P:{N}:waiters`), each with
+    /// its own channel: the fair lock and the read/write lock.
+    pub fn has_own_lines(&self) -> bool {
+        self.0.kind != LockKind::Plain
+    }
+
+    /// `P:{N}:leases`: a read/write lock's holds and their deadlines.
+    pub fn leases(&self) -> String {
+        format!("{}:leases", self.hash())
     }
 
     /// `P:{N}:waiters`: a fair lock's waiters in arrival order.

@@ -36,6 +36,6 @@ pub mod telemetry;
 pub use drop_guard::DropGuard;
 pub use error::{LockError, RedisError, Result};
 pub use fence::FencingToken;
-pub use keys::{LockKeys, Prefix, DEFAULT_PREFIX, MAX_NAME_LEN};
+pub use keys::{LockKeys, LockKind, Prefix, DEFAULT_PREFIX, MAX_NAME_LEN};
 pub use lease::{Lease, MAX_LEASE};
 pub use owner::{ClientId, HoldId, Owner};

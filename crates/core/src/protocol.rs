@@ -16,6 +16,21 @@ pub const TURN_FIELD_PREFIX: &str = "~turn:";
 /// the lock stays until its tail runs out.
 pub const EXPIRING_FIELD: &str = "~expiring";
 
+/// Read/write lock hash field: `r` while only readers hold it, `w` while a writer does
+/// (`@MODE@`). Its presence marks the hash as a read/write lock's.
+pub const MODE_FIELD: &str = "~mode";
+
+/// Read/write lock hash field naming the writer's owner id (`@WRITER@`).
+pub const WRITER_FIELD: &str = "~writer";
+
+/// Prefix of a read/write lock hash field counting one owner's read holds (`~r:<owner>`,
+/// `@READ@`); also that read hold's member in the leases zset.
+pub const READ_FIELD_PREFIX: &str = "~r:";
+
+/// Prefix of a read/write lock hash field holding one owner's read grant token
+/// (`~rf:<owner>`, `@READ_FENCE@`).
+pub const READ_FENCE_FIELD_PREFIX: &str = "~rf:";
+
 /// Payload of a release with nobody queued (also force unlock and settled repairs): one waiter
 /// of each subscribed client wakes (`@FREE@`).
 pub const FREE_PAYLOAD: &str = "*";

@@ -20,7 +20,8 @@ use fred::types::{MultipleKeys, MultipleValues};
 
 use crate::error::{classify, Class};
 use crate::protocol::{
-    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, TAKEN_PAYLOAD, TURN_FIELD_PREFIX,
+    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, MODE_FIELD, READ_FENCE_FIELD_PREFIX,
+    READ_FIELD_PREFIX, TAKEN_PAYLOAD, TURN_FIELD_PREFIX, WRITER_FIELD,
 };
 
 /// A Lua script with its SHA1.
@@ -76,6 +77,11 @@ fn fill(template: &str, protocol: &Protocol) -> String {
     let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
     let lua = template
         .replace("@HAND_ON@", files::FAIR_HAND_ON)
+        .replace("@RW_COMMON@", files::RW_COMMON)
+        .replace("@READ_FENCE@", READ_FENCE_FIELD_PREFIX)
+        .replace("@READ@", READ_FIELD_PREFIX)
+        .replace("@MODE@", MODE_FIELD)
+        .replace("@WRITER@", WRITER_FIELD)
         .replace("@FENCE@", FENCE_FIELD)
         .replace("@TURN@", TURN_FIELD_PREFIX)
         .replace("@EXPIRING@", EXPIRING_FIELD)
@@ -106,6 +112,14 @@ pub mod files {
     pub const FAIR_LEAVE: &str = include_str!("scripts/fair/leave.lua");
     /// `fair/hand_on.lua`: inlined where a fair script says `@HAND_ON@` (not a script itself).
     pub const FAIR_HAND_ON: &str = include_str!("scripts/fair/hand_on.lua");
+    /// `rw/acquire.lua`: acquire, re-enter or queue for a read/write lock's read or write side.
+    pub const RW_ACQUIRE: &str = include_str!("scripts/rw/acquire.lua");
+    /// `rw/release.lua`: release one read or write hold; tells the head of the line.
+    pub const RW_RELEASE: &str = include_str!("scripts/rw/release.lua");
+    /// `rw/leave.lua`: a read/write lock's waiter gives up its place.
+    pub const RW_LEAVE: &str = include_str!("scripts/rw/leave.lua");
+    /// `rw/common.lua`: the layout and helpers inlined where a script says `@RW_COMMON@`.
+    pub const RW_COMMON: &str = include_str!("scripts/rw/common.lua");
 }
 
 /// The scripts of one protocol setting, built once per setting and shared by its clients.
@@ -131,6 +145,12 @@ pub struct Scripts {
     pub fair_release: LuaScript,
     /// A fair-lock waiter leaves the line (`scripts/fair/leave.lua`).
     pub fair_leave: LuaScript,
+    /// Acquire, re-enter or queue for a read/write lock (`scripts/rw/acquire.lua`).
+    pub rw_acquire: LuaScript,
+    /// Release one read or write hold, or settle (`scripts/rw/release.lua`).
+    pub rw_release: LuaScript,
+    /// A read/write lock's waiter leaves the line (`scripts/rw/leave.lua`).
+    pub rw_leave: LuaScript,
 }
 
 impl Scripts {
@@ -159,11 +179,14 @@ impl Scripts {
             fair_acquire: LuaScript::new(files::FAIR_ACQUIRE, &protocol),
             fair_release: LuaScript::new(files::FAIR_RELEASE, &protocol),
             fair_leave: LuaScript::new(files::FAIR_LEAVE, &protocol),
+            rw_acquire: LuaScript::new(files::RW_ACQUIRE, &protocol),
+            rw_release: LuaScript::new(files::RW_RELEASE, &protocol),
+            rw_leave: LuaScript::new(files::RW_LEAVE, &protocol),
         }
     }
 
     /// Every script, for preloading and tests.
-    pub fn all(&self) -> [&LuaScript; 8] {
+    pub fn all(&self) -> [&LuaScript; 11] {
         [
             &self.acquire,
             &self.release,
@@ -173,6 +196,9 @@ impl Scripts {
             &self.fair_acquire,
             &self.fair_release,
             &self.fair_leave,
+            &self.rw_acquire,
+            &self.rw_release,
+            &self.rw_leave,
         ]
     }
 }

@@ -4,11 +4,13 @@
 -- KEYS[2]  (unused)
 -- KEYS[3]  fair-lock waiters          P:{N}:waiters
 -- KEYS[4]  fair-lock waiter deadlines P:{N}:waiters:until
+-- KEYS[5]  read/write lock leases     P:{N}:leases
 -- ARGV[1]  release channel  P:{N}:released
 -- ARGV[2]  fair-lock waiter channel prefix  P:{N}:released:
 --
 -- Replies: 1 a lock was removed (and '@FREE@' published: one waiter per client wakes; a fair
--- lock's first live waiter gets its turn); 0 there was none.
+-- lock's first live waiter gets its turn; a read/write lock's head of the line is told, every
+-- hold of it removed); 0 there was none.
 -- error 'WRONGTYPE 1 ...' the key holds another type (it is not ours to delete).
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'none' then
@@ -17,12 +19,22 @@ end
 if kind ~= 'hash' then
   return redis.error_reply('WRONGTYPE 1 the key holds a ' .. kind .. ', not a lock')
 end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prefix = ARGV[2]
+local read_write = redis.call('HEXISTS', KEYS[1], '@MODE@') == 1
 redis.call('PUBLISH', ARGV[1], '@FREE@')
 redis.call('DEL', KEYS[1])
-if redis.call('TYPE', KEYS[3])['ok'] == 'zset' and redis.call('TYPE', KEYS[4])['ok'] == 'zset' then
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local prefix = ARGV[2]
+if redis.call('TYPE', KEYS[3])['ok'] ~= 'zset' or redis.call('TYPE', KEYS[4])['ok'] ~= 'zset' then
+  return 1
+end
+if read_write then
+  @RW_COMMON@
+  if redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
+    redis.call('DEL', KEYS[5])
+  end
+  hand_on(false)
+else
   local except = false
   @HAND_ON@
 end

@@ -1,11 +1,12 @@
 -- Renew many holds and fair-lock queue entries in one round trip (the watchdog's tick).
 --
--- KEYS        per item, in order: a hold's lock hash; or for a queue entry, the waiters zset
---             and their deadlines zset (two keys). On Cluster, all in one slot: the caller
---             groups by slot.
+-- KEYS        per item, in order: a hold's lock hash; for a queue entry, the waiters zset and
+--             their deadlines zset; for a read/write lock's hold, its hash and its leases zset
+--             (two keys each). On Cluster, all in one slot: the caller groups by slot.
 -- ARGV[1]     lease in milliseconds
 -- ARGV[2i]    owner id of item i
--- ARGV[2i+1]  the token of the grant that hold belongs to; '' for a queue entry
+-- ARGV[2i+1]  the token of the grant that hold belongs to; '' for a queue entry; 'r<token>'
+--             or 'w<token>' for a read/write lock's read or write hold
 --
 -- Replies: an array with one integer per item: 1 renewed; 0 that grant is gone (expired,
 -- force-unlocked, taken by another owner, replaced by a later grant of the same owner, or the
@@ -32,6 +33,31 @@ for i = 1, (#ARGV - 1) / 2 do
       redis.call('ZADD', KEYS[k + 1], now_ms + lease, owner)
       redis.call('PEXPIRE', KEYS[k], lease + 1000)
       redis.call('PEXPIRE', KEYS[k + 1], lease + 1000)
+      renewed[i] = 1
+    else
+      renewed[i] = 0
+    end
+    k = k + 2
+  elseif string.byte(token, 1) > 57 then
+    -- A read/write lock's hold ('r' or 'w' sorts after the digits): its own lease in the
+    -- leases zset, which lives as long as the latest lease.
+    local read = string.sub(token, 1, 1) == 'r'
+    local field = read and ('@READ@' .. owner) or owner
+    local fields = redis.pcall('HMGET', KEYS[k], field, read and ('@READ_FENCE@' .. owner) or '@FENCE@')
+    if not fields.err and fields[1] and fields[2] == string.sub(token, 2)
+        and redis.call('TYPE', KEYS[k + 1])['ok'] == 'zset' then
+      if not now_ms then
+        local t = redis.call('TIME')
+        now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local current = redis.call('ZSCORE', KEYS[k + 1], field)
+      if not current or tonumber(current) < now_ms + lease then
+        redis.call('ZADD', KEYS[k + 1], now_ms + lease, field)
+      end
+      local latest = redis.call('ZRANGE', KEYS[k + 1], -1, -1, 'WITHSCORES')[2]
+      local ttl = math.max(tonumber(latest) - now_ms, 1)
+      redis.call('PEXPIRE', KEYS[k], ttl)
+      redis.call('PEXPIRE', KEYS[k + 1], ttl)
       renewed[i] = 1
     else
       renewed[i] = 0

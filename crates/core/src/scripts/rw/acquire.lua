@@ -1,0 +1,170 @@
+-- Acquire, re-enter or queue for a read/write lock's read or write side.
+--
+-- KEYS[1..5]  as in rw/common.lua: lock hash, fence counter, waiters, their deadlines, leases
+-- ARGV[1]     owner id
+-- ARGV[2]     lease in milliseconds
+-- ARGV[3]     mode: 't' a try (never queues); 'w' a waiter's try (queues when not granted,
+--             once: it keeps its place); 'r' re-enter the grant with token ARGV[4] (when that
+--             grant is gone, a 't')
+-- ARGV[4]     the token for 'r', else ''
+-- ARGV[5]     waiter channel prefix  P:{N}:released:
+-- ARGV[6]     entry lifetime in milliseconds (the watchdog lease)
+-- ARGV[7]     'read' or 'write'
+--
+-- The policy: one line in arrival order for readers and writers. A writer enters when nobody
+-- holds the lock and it is first in line; a reader enters while no writer holds it and no
+-- writer waits before it, so a waiting writer stops readers that come after it (writers do not
+-- starve), and readers that came before a writer go before it (readers do not starve either).
+-- The owner of the write lock may always take a read lock (downgrade). A reader asking for the
+-- write lock is refused at once: it would wait for itself.
+--
+-- Replies, as the plain acquire's: a new grant's token; {hold_count, token} for a re-entry;
+-- {0, pttl} when busy, pttl bounding how long that stays so without a message to this waiter.
+-- Errors: 'WRONGTYPE <i> ...'; 'UPGRADE ...' for a reader asking for the write lock.
+
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prefix = ARGV[5]
+@RW_COMMON@
+
+local refused = wrong_type()
+if refused then
+  return refused
+end
+local owner, lease, mode, side = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[7]
+local reading = side == 'read'
+local count_field = reading and (READ .. owner) or owner
+local fence_field = reading and ('@READ_FENCE@' .. owner) or '@FENCE@'
+
+prune()
+
+-- Extends this owner's hold on `side` to at least a lease from now (never shortens it).
+local function extend()
+  local until_ms = now_ms + lease
+  local current = redis.call('ZSCORE', KEYS[5], count_field)
+  if not current or tonumber(current) < until_ms then
+    redis.call('ZADD', KEYS[5], until_ms, count_field)
+  end
+  keep_until_latest()
+end
+
+if mode == 'r' then
+  local fields = redis.call('HMGET', KEYS[1], count_field, fence_field)
+  if fields[1] and fields[2] == ARGV[4]
+      and (reading or redis.call('HGET', KEYS[1], '@WRITER@') == owner) then
+    redis.call('ZREM', KEYS[3], owner)
+    redis.call('ZREM', KEYS[4], owner)
+    local count = redis.call('HINCRBY', KEYS[1], count_field, 1)
+    extend()
+    return {count, fields[2]}
+  end
+  mode = 't'
+end
+
+local writer = redis.call('HGET', KEYS[1], '@WRITER@')
+if not reading and writer ~= owner and redis.call('HEXISTS', KEYS[1], READ .. owner) == 1 then
+  return redis.error_reply('UPGRADE the owner holds a read lock: it cannot wait for the write lock')
+end
+local held = redis.call('EXISTS', KEYS[5]) == 1
+local reserved_for_me = not held and redis.call('HEXISTS', KEYS[1], '@TURN@' .. owner) == 1
+local reserved = not held and redis.call('EXISTS', KEYS[1]) == 1
+
+-- Is anyone in line before this owner that it must let go first? A writer lets everyone before
+-- it go; a reader, only writers.
+local function someone_before()
+  local mine = redis.call('ZSCORE', KEYS[3], owner)
+  local before
+  if mine then
+    before = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. mine, 'WITHSCORES', 'LIMIT', 0, 1000)
+  else
+    before = redis.call('ZRANGE', KEYS[3], 0, 999, 'WITHSCORES')
+  end
+  if not reading then
+    return #before > 0
+  end
+  for i = 2, #before, 2 do
+    if is_writer(before[i]) then
+      return true
+    end
+  end
+  return false
+end
+
+local may
+if reading then
+  -- A writer's own read (downgrade), or no writer holds nor is reserved and none waits before.
+  may = writer == owner
+    or (not writer and not (reserved and not reserved_for_me) and not someone_before())
+  -- (A read hold of this owner that the client never saw is replaced below, as an orphan.)
+else
+  -- Nobody else holds it (this owner's unseen grant is replaced), and it is this owner's turn:
+  -- reserved for it, or nobody waits before it.
+  local others = held and not (writer == owner and redis.call('ZCARD', KEYS[5]) ==
+    1 + redis.call('HEXISTS', KEYS[1], READ .. owner))
+  may = not others and (reserved_for_me or (not reserved and not someone_before()))
+end
+
+if may then
+  -- The fence first, before any other write (see acquire.lua).
+  local now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
+  local fence = now
+  local stored = redis.pcall('SET', KEYS[2], now, 'GET')
+  if type(stored) == 'table' and stored.err then
+    if string.sub(stored.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE 2 the fencing counter holds another type')
+    end
+    return stored
+  end
+  if stored and (#stored > #now or (#stored == #now and stored >= now))
+      and (#stored < 19 or (#stored == 19 and stored < '9223372036854775807'))
+      and string.find(stored, '^[1-9][0-9]*$') then
+    redis.call('SET', KEYS[2], stored)
+    fence = redis.call('INCR', KEYS[2])
+  end
+  if not held then
+    redis.call('DEL', KEYS[1]) -- a reservation
+  end
+  redis.call('ZREM', KEYS[3], owner)
+  redis.call('ZREM', KEYS[4], owner)
+  redis.call('HSET', KEYS[1], count_field, '1', fence_field, fence)
+  if not reading then
+    redis.call('HSET', KEYS[1], '@WRITER@', owner)
+  end
+  redis.call('ZADD', KEYS[5], now_ms + lease, count_field)
+  fix_mode()
+  keep_until_latest()
+  return fence
+end
+
+if not held and not reserved then
+  -- Free, but others were first: tell them (again, if a message was lost).
+  hand_on(owner)
+end
+
+if mode == 'w' then
+  if not redis.call('ZSCORE', KEYS[3], owner) then
+    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    if last and math.floor(tonumber(last) / 2) >= arrival then
+      arrival = math.floor(tonumber(last) / 2) + 1
+    end
+    redis.call('ZADD', KEYS[3], arrival * 2 + (reading and 0 or 1), owner)
+  end
+  local life = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[4], now_ms + life, owner)
+  redis.call('PEXPIRE', KEYS[3], life + 1000)
+  redis.call('PEXPIRE', KEYS[4], life + 1000)
+end
+
+-- How long this stays so at most without a message to this waiter: until the first hold's
+-- lease or the reservation ends, or the first waiter's entry would lapse (a dead waiter ahead).
+local bound = redis.call('PTTL', KEYS[1])
+local first_hold = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2]
+if first_hold then
+  bound = tonumber(first_hold) - now_ms
+end
+local first_entry = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
+  bound = tonumber(first_entry) - now_ms
+end
+return {0, math.max(bound, 1)}

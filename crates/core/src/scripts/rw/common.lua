@@ -1,0 +1,119 @@
+-- (Inlined by the read/write lock's scripts where they name it.) The key layout and the helper
+-- functions they share. The read/write lock is not the plain lock's hottest path, so these are
+-- functions: clarity over the closure each costs per call.
+--
+-- KEYS[1]  lock hash  P:{N}   '@MODE@' -> 'r' or 'w'; while a writer holds: '@WRITER@' -> its
+--                             owner id, <owner id> -> its hold count, '@FENCE@' -> its token;
+--                             per reader: '@READ@<owner>' -> read hold count and
+--                             '@READ_FENCE@<owner>' -> that read grant's token. A writer may
+--                             hold reads too (downgrade). With no holds: '@TURN@<owner>' while
+--                             reserved for a waiting writer's turn, or no key.
+-- KEYS[2]  fence counter      P:{T}:fence (as the plain lock's)
+-- KEYS[3]  waiters            P:{N}:waiters        owner -> arrival * 2 + 1 for a writer, + 0
+--                                                  for a reader (arrival: server microseconds)
+-- KEYS[4]  their deadlines    P:{N}:waiters:until  owner -> server ms (renewed by the watchdog)
+-- KEYS[5]  hold leases        P:{N}:leases         the writer's owner id, or '@READ@<owner>'
+--                                                  -> that hold's deadline (server ms): every
+--                                                  hold has its own lease; the hash and this
+--                                                  zset live as long as the latest one.
+-- Needs `now_ms` (server time) and `prefix` (the waiter channel prefix P:{N}:released:).
+
+local READ = '@READ@'
+
+-- Sets the hash's and the leases' TTL to the latest lease; deletes both when no hold is left.
+-- Returns whether a hold is left.
+local function keep_until_latest()
+  local latest = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2]
+  if not latest then
+    redis.call('DEL', KEYS[1], KEYS[5])
+    return false
+  end
+  local ttl = math.max(tonumber(latest) - now_ms, 1)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[5], ttl)
+  return true
+end
+
+-- Drops one hold's fields (a lease member of KEYS[5]).
+local function drop_hold(member)
+  if string.sub(member, 1, #READ) == READ then
+    local owner = string.sub(member, #READ + 1)
+    redis.call('HDEL', KEYS[1], member, '@READ_FENCE@' .. owner)
+  else
+    redis.call('HDEL', KEYS[1], member, '@FENCE@', '@WRITER@')
+  end
+  redis.call('ZREM', KEYS[5], member)
+end
+
+-- The mode after a change: 'w' while a writer holds, else 'r' while a reader does.
+local function fix_mode()
+  if redis.call('HEXISTS', KEYS[1], '@WRITER@') == 1 then
+    redis.call('HSET', KEYS[1], '@MODE@', 'w')
+  elseif redis.call('ZCARD', KEYS[5]) > 0 then
+    redis.call('HSET', KEYS[1], '@MODE@', 'r')
+  end
+end
+
+-- Holds whose lease ran out (a crashed reader or writer) go; so do waiters whose entry was not
+-- renewed (their client is gone). Returns whether a hold went.
+local function prune()
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, 100)
+  for _, member in ipairs(expired) do
+    drop_hold(member)
+  end
+  if #expired > 0 and keep_until_latest() then
+    fix_mode()
+  end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 100)
+  if #dead > 0 then
+    redis.call('ZREM', KEYS[3], unpack(dead))
+    redis.call('ZREM', KEYS[4], unpack(dead))
+  end
+  return #expired > 0
+end
+
+-- Whether a waiter's score is a writer's.
+local function is_writer(score)
+  return tonumber(score) % 2 == 1
+end
+
+-- Tells the waiters at the head of the line that they may go, after a change (a release, a
+-- waiter leaving): while no writer holds, the readers before the first waiting writer are told
+-- all at once; with no hold at all and a writer first in line, the lock is reserved for that
+-- writer (until its entry would lapse, at least the turn grace) and only it is told. Each is
+-- told on its own channel. `except`: an owner not to tell (it is being granted), or false.
+local function hand_on(except)
+  if redis.call('HGET', KEYS[1], '@MODE@') == 'w' then
+    return
+  end
+  local held = redis.call('EXISTS', KEYS[5]) == 1
+  local line = redis.call('ZRANGE', KEYS[3], 0, 99, 'WITHSCORES')
+  for i = 1, #line, 2 do
+    local who = line[i]
+    if is_writer(line[i + 1]) then
+      if i == 1 and not held and who ~= except then
+        local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], who) or now_ms)
+        redis.call('DEL', KEYS[1])
+        redis.call('HSET', KEYS[1], '@TURN@' .. who, '0')
+        redis.call('PEXPIRE', KEYS[1], math.max(until_ms - now_ms, @GRACE_MS@))
+        redis.call('PUBLISH', prefix .. who, '@FREE@')
+      end
+      return
+    end
+    if who ~= except then
+      redis.call('PUBLISH', prefix .. who, '@FREE@')
+    end
+  end
+end
+
+-- Refuses keys of another type: error 'WRONGTYPE <i> ...', or nil when all are fine.
+local function wrong_type()
+  local want = {'hash', nil, 'zset', 'zset', 'zset'}
+  for _, i in ipairs({1, 3, 4, 5}) do
+    local kind = redis.call('TYPE', KEYS[i])['ok']
+    if kind ~= 'none' and kind ~= want[i] then
+      return redis.error_reply('WRONGTYPE ' .. i .. ' a read/write lock key holds another type')
+    end
+  end
+  return nil
+end

@@ -1,0 +1,400 @@
+//! The read/write lock (`LockClient::rw_lock`): many readers or one writer, one line in arrival
+//! order, downgrade, refused upgrade, a lease per hold, against real redis-servers.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, client_with_lease, eventually, lock_keys, server, zcard};
+use leasehold::{LockClient, LockError};
+use tokio::time::Instant;
+
+async fn until_queued(redis: &leasehold_testkit::RedisServer, key: &str, n: i64) {
+    assert!(
+        eventually(Duration::from_secs(20), || zcard(redis, key) == n).await,
+        "expected {n} waiters queued in {key}, found {}",
+        zcard(redis, key)
+    );
+}
+
+#[tokio::test]
+async fn readers_share_and_a_writer_excludes() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+    let rw_a = a.rw_lock("config").unwrap();
+    let rw_b = b.rw_lock("config").unwrap();
+    let rw_c = c.rw_lock("config").unwrap();
+    let r1 = rw_a.read().try_lock().await.unwrap().expect("free");
+    let r2 = rw_b
+        .read()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("readers share");
+    assert_ne!(r1.fencing_token(), r2.fencing_token());
+    assert!(
+        rw_c.write().try_lock().await.unwrap().is_none(),
+        "readers exclude a writer"
+    );
+    r1.unlock().await.unwrap();
+    assert!(rw_c.write().try_lock().await.unwrap().is_none());
+    let r2_token = r2.fencing_token();
+    r2.unlock().await.unwrap();
+    let rw_b = rw_c;
+    let w = rw_b.write().try_lock().await.unwrap().expect("free again");
+    assert!(w.fencing_token() > r2_token);
+    assert!(
+        rw_a.read().try_lock().await.unwrap().is_none(),
+        "a writer excludes readers"
+    );
+    assert!(rw_a.write().try_lock().await.unwrap().is_none());
+    // Reentrant per owner on both sides.
+    let again = rw_b.write().try_lock().await.unwrap().expect("re-entry");
+    assert_eq!(again.hold_count(), 2);
+    assert_eq!(again.fencing_token(), w.fencing_token());
+    again.unlock().await.unwrap();
+    w.unlock().await.unwrap();
+    let r = rw_a.read().lock().await.unwrap();
+    let r_again = rw_a.read().lock().await.unwrap();
+    assert_eq!(r_again.hold_count(), 2);
+    r_again.unlock().await.unwrap();
+    r.unlock().await.unwrap();
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn readers_run_in_parallel() {
+    let redis = server();
+    let url = redis.url();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&url).await);
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let all_in = Arc::new(tokio::sync::Barrier::new(9));
+    let mut tasks = Vec::new();
+    for i in 0..9 {
+        let rw = clients[i % 3].rw_lock("catalog").unwrap();
+        let (inside, most, all_in) = (inside.clone(), most.clone(), all_in.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = rw.read().lock().await.unwrap();
+            let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            // Every reader is inside before any leaves: they hold it together.
+            tokio::time::timeout(Duration::from_secs(20), all_in.wait())
+                .await
+                .expect("all nine readers inside at once");
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.unlock().await.unwrap();
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 9);
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn downgrade_keeps_reading_and_upgrade_is_refused_at_once() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let rw = a.rw_lock("doc").unwrap();
+    let other = b.rw_lock("doc").unwrap();
+    // Downgrade: write, then read under it, then release the write.
+    let w = rw.write().lock().await.unwrap();
+    let r = rw
+        .read()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("the writer may read");
+    assert!(r.fencing_token() > w.fencing_token());
+    let waiting_writer = tokio::spawn({
+        let other = other.clone();
+        async move { other.write().lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &rw.read().keys().waiters(), 1).await;
+    w.unlock().await.unwrap();
+    assert!(r.is_held(), "the read hold outlives the write hold");
+    // Other readers may not pass the waiting writer; the downgraded reader keeps reading.
+    assert!(other.read().try_lock().await.unwrap().is_none());
+    // Upgrade: refused at once, nothing changed.
+    let started = Instant::now();
+    let refused = rw.write().lock().await;
+    assert!(
+        matches!(&refused, Err(LockError::UpgradeRefused { name }) if name == "doc"),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(r.is_held());
+    r.unlock().await.unwrap();
+    let writer = tokio::time::timeout(Duration::from_secs(10), waiting_writer)
+        .await
+        .expect("the waiting writer gets the lock after the last read")
+        .unwrap()
+        .unwrap();
+    writer.unlock().await.unwrap();
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// The script refuses an upgrade too, for an owner whose read hold the client does not know
+/// (another handle with an explicit owner).
+#[tokio::test]
+async fn upgrade_refused_by_the_script() {
+    let redis = server();
+    let url = redis.url();
+    let a = client(&url).await;
+    let owner = a.new_owner();
+    let rw = a.rw_lock("doc").unwrap().with_owner(owner.clone());
+    let r = rw.read().lock().await.unwrap();
+    let refused = rw.write().try_lock().await;
+    assert!(
+        matches!(refused, Err(LockError::UpgradeRefused { .. })),
+        "{refused:?}"
+    );
+    r.unlock().await.unwrap();
+}
+
+/// Releasing the write lock lets every waiting reader in at once.
+#[tokio::test]
+async fn a_write_release_wakes_every_waiting_reader() {
+    let redis = server();
+    let url = redis.url();
+    let writer_client = client(&url).await;
+    let rw = writer_client.rw_lock("board").unwrap();
+    let w = rw.write().lock().await.unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&url).await);
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let all_in = Arc::new(tokio::sync::Barrier::new(6));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let rw = clients[i % 3].rw_lock("board").unwrap();
+        let (inside, all_in) = (inside.clone(), all_in.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = rw.read().lock().await.unwrap();
+            inside.fetch_add(1, Ordering::SeqCst);
+            tokio::time::timeout(Duration::from_secs(20), all_in.wait())
+                .await
+                .expect("every reader in together");
+            guard.unlock().await.unwrap();
+        }));
+        until_queued(
+            &redis,
+            &writer_client
+                .rw_lock("board")
+                .unwrap()
+                .read()
+                .keys()
+                .waiters(),
+            i as i64 + 1,
+        )
+        .await;
+    }
+    w.unlock().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(inside.load(Ordering::SeqCst), 6);
+}
+
+/// A writer waiting behind ten readers that keep re-acquiring is served: new readers stop at
+/// the waiting writer.
+#[tokio::test]
+async fn a_writer_is_not_starved_by_looping_readers() {
+    let redis = server();
+    let url = redis.url();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&url).await);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let mut readers = Vec::new();
+    for i in 0..10 {
+        let rw = clients[i % 3].rw_lock("prices").unwrap();
+        let (stop, reads) = (stop.clone(), reads.clone());
+        readers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let guard = rw.read().lock().await.unwrap();
+                reads.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                guard.unlock().await.unwrap();
+            }
+        }));
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || reads.load(Ordering::SeqCst)
+            > 50)
+        .await
+    );
+    let writer = clients[0].rw_lock("prices").unwrap();
+    let started = Instant::now();
+    let w = tokio::time::timeout(Duration::from_secs(20), writer.write().lock())
+        .await
+        .expect("the writer is served while readers loop")
+        .unwrap();
+    let waited = started.elapsed();
+    let token = w.fencing_token();
+    w.unlock().await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    assert!(token.get() > 0);
+    // Generous: readers hold for 10 ms; the writer waits for those inside when it came.
+    assert!(waited < Duration::from_secs(10), "writer waited {waited:?}");
+    assert!(
+        eventually(Duration::from_secs(10), || lock_keys(&redis).is_empty()).await,
+        "left behind: {:?}",
+        lock_keys(&redis)
+    );
+}
+
+/// The seed's scenario: 20 tasks over several clients increment a shared counter under the
+/// write lock; no update is lost.
+#[tokio::test]
+async fn twenty_tasks_count_under_the_write_lock() {
+    let redis = server();
+    let url = redis.url();
+    let mut clients: Vec<LockClient> = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&url).await);
+    }
+    let counter_key = "counter";
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let rw = clients[i % 4].rw_lock("counter").unwrap();
+        let client = clients[i % 4].clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let guard = rw.write().lock().await.unwrap();
+                // Read-modify-write through the client's own connection, without INCR.
+                let value: Option<i64> =
+                    fred::interfaces::KeysInterface::get(client.redis(), counter_key)
+                        .await
+                        .unwrap();
+                let next = value.unwrap_or(0) + 1;
+                tokio::task::yield_now().await;
+                let _: () = fred::interfaces::KeysInterface::set(
+                    client.redis(),
+                    counter_key,
+                    next,
+                    None,
+                    None,
+                    false,
+                )
+                .await
+                .unwrap();
+                guard.unlock().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let value = common::cmd(&redis, &["GET", counter_key]).as_str().unwrap();
+    assert_eq!(value, "100");
+}
+
+/// Each read hold has its own lease: a SIGKILLed reader's hold ends with it, and a writer
+/// waiting behind it gets the lock, while another reader's hold (renewed) lives on.
+#[tokio::test]
+async fn a_killed_reader_expires_alone() {
+    let redis = server();
+    let url = redis.url();
+    let lease = Duration::from_millis(1500);
+    let a = client_with_lease(&url, lease).await;
+    let child = common::spawn_reader(&redis, "stats", lease);
+    let rw = a.rw_lock("stats").unwrap();
+    let mine = rw.read().lock().await.unwrap();
+    child.kill().unwrap();
+    let b = client_with_lease(&url, lease).await;
+    let other = b.rw_lock("stats").unwrap();
+    // The live reader's hold is renewed past several leases while the dead one's ends.
+    tokio::time::sleep(lease * 3).await;
+    assert!(mine.is_held(), "the live reader's hold was renewed");
+    // The dead reader's hold is still recorded (nothing ran on the lock since) but its lease
+    // is over: a writer's try prunes it; only the live reader keeps the writer out.
+    assert!(other.write().try_lock().await.unwrap().is_none());
+    assert_eq!(
+        common::cmd(&redis, &["ZCARD", &rw.read().keys().leases()]).as_int(),
+        Some(1),
+        "the try pruned the dead reader's hold"
+    );
+    mine.unlock().await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(10), other.write().lock())
+        .await
+        .expect("the writer gets the lock once the dead reader's lease ended")
+        .unwrap();
+    w.unlock().await.unwrap();
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// Cancelled and timed-out waits leave the line at once; a writer that gives up lets the
+/// readers it held back in.
+#[tokio::test]
+async fn a_writer_that_gives_up_lets_readers_in() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+    let rw = a.rw_lock("menu").unwrap();
+    let r = rw.read().lock().await.unwrap();
+    let writer = b.rw_lock("menu").unwrap();
+    let waiting = tokio::spawn(async move { writer.write().lock().await.map(|_| ()) });
+    let waiters_key = rw.read().keys().waiters();
+    until_queued(&redis, &waiters_key, 1).await;
+    let reader = c.rw_lock("menu").unwrap();
+    let blocked = tokio::spawn(async move {
+        reader
+            .read()
+            .try_lock_for(Duration::from_secs(10))
+            .await
+            .map(|g| g.map(|g| g.detach()))
+    });
+    until_queued(&redis, &waiters_key, 2).await;
+    waiting.abort();
+    let _ = waiting.await;
+    let got = blocked
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the reader got in once the writer left");
+    got.unlock().await.unwrap();
+    r.unlock().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || lock_keys(&redis).is_empty()).await,
+        "left behind: {:?}",
+        lock_keys(&redis)
+    );
+}
+
+#[tokio::test]
+async fn unlock_after_is_refused_and_releases() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    let rw = a.rw_lock("x").unwrap();
+    let w = rw.write().lock().await.unwrap();
+    assert!(matches!(
+        w.unlock_after(Duration::from_secs(1)).await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || lock_keys(&redis).is_empty()).await,
+        "left behind: {:?}",
+        lock_keys(&redis)
+    );
+}
+
+#[test]
+fn child_holder_entry_point() {
+    common::run_child_holder_if_asked();
+}
