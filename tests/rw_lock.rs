@@ -398,3 +398,45 @@ async fn unlock_after_is_refused_and_releases() {
 fn child_holder_entry_point() {
     common::run_child_holder_if_asked();
 }
+
+/// Cancel safety on both sides: acquires dropped at their first await (before the send or in
+/// flight) leave nothing held; the settle takes back a grant whose reply was never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_nothing_behind() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    for i in 0..40 {
+        let rw = a.rw_lock(&format!("cancel:{i}")).unwrap();
+        let side = if i % 2 == 0 { rw.read() } else { rw.write() };
+        let attempt = side.try_lock();
+        let _ = tokio::time::timeout(Duration::from_micros(1), attempt).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || lock_keys(&redis).is_empty()).await,
+        "left behind: {:?}",
+        lock_keys(&redis)
+    );
+}
+
+/// The lost-lease signal on both sides: a force unlock ends every hold, and the guards say so
+/// at their next renewal.
+#[tokio::test]
+async fn guards_of_both_sides_learn_they_lost_the_lock() {
+    let redis = server();
+    let url = redis.url();
+    let lease = Duration::from_millis(600);
+    let a = client_with_lease(&url, lease).await;
+    let owner = a.new_owner();
+    let rw = a.rw_lock("ledger").unwrap().with_owner(owner);
+    let w = rw.write().lock().await.unwrap();
+    let r = rw.read().lock().await.unwrap();
+    assert!(rw.write().force_unlock().await.unwrap());
+    tokio::time::timeout(Duration::from_secs(10), w.lost())
+        .await
+        .expect("the write guard learns it was lost");
+    tokio::time::timeout(Duration::from_secs(10), r.lost())
+        .await
+        .expect("the read guard learns it was lost");
+    assert!(!w.is_held() && !r.is_held());
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}

@@ -25,14 +25,14 @@ local prefix = ARGV[2]
 local read_write = redis.call('HEXISTS', KEYS[1], '@MODE@') == 1
 redis.call('PUBLISH', ARGV[1], '@FREE@')
 redis.call('DEL', KEYS[1])
+if read_write and redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
+  redis.call('DEL', KEYS[5])
+end
 if redis.call('TYPE', KEYS[3])['ok'] ~= 'zset' or redis.call('TYPE', KEYS[4])['ok'] ~= 'zset' then
   return 1
 end
 if read_write then
   @RW_COMMON@
-  if redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
-    redis.call('DEL', KEYS[5])
-  end
   hand_on(false)
 else
   local except = false
