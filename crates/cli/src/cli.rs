@@ -42,7 +42,9 @@ impl Cli {
 /// What to do.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Show one lock: its holders and hold counts, lease left, fencing token and waiters.
+    /// Show one lock: its kind (lock, fair, rwlock), holders and hold counts (a read/write
+    /// lock's mode, writer and readers with their tokens and leases), lease left, fencing token
+    /// and queue.
     Inspect {
         /// The lock name, as given to `client.lock(NAME)`.
         name: String,
@@ -50,7 +52,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the locks under the prefix (SCAN, never KEYS), with holders and lease left.
+    /// List the locks under the prefix (SCAN, never KEYS), with kind, mode, holders, queue
+    /// length and lease left.
     List {
         /// Glob on the lock name (`*`, `?`, `[a-z]`, `\` escapes).
         #[arg(default_value = "*")]
@@ -59,8 +62,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// A refreshing view of the locks under the prefix: holder, hold count, lease left,
-    /// clients queued, fencing token and the grants seen while watching.
+    /// A refreshing view of the locks under the prefix: kind, mode, holder, hold count, lease
+    /// left, entries queued, fencing token and the grants seen while watching.
     Watch {
         /// Glob on the lock name (`*`, `?`, `[a-z]`, `\` escapes).
         #[arg(default_value = "*")]

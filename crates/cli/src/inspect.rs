@@ -1,21 +1,30 @@
 //! `leasehold inspect NAME`: one lock as Redis holds it right now.
 //!
-//! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, PUBSUB
-//! NUMSUB). It is a snapshot, not a transaction: a lock released between two of those replies
-//! shows up half-gone, which an operator tool can live with (run it again) and which keeps it
-//! free of scripts that would need their own ACL permissions.
+//! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, PUBSUB NUMSUB, ZRANGE
+//! of the turn queue, the waiters, their deadlines and a read/write lock's leases, and TIME for
+//! the server's clock those deadlines are in). It is a snapshot, not a transaction: a lock
+//! released between two of those replies shows up half-gone, which an operator tool can live
+//! with (run it again) and which keeps it free of scripts that would need their own ACL
+//! permissions. A zset read that is refused (a key of another type, or the ACL denies it)
+//! reads as empty; without TIME, this machine's clock stands in.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::{HashesInterface, KeysInterface, PubsubInterface};
-use fred::types::Value;
+use fred::interfaces::{
+    ClientLike, HashesInterface, KeysInterface, PubsubInterface, SortedSetsInterface,
+};
+use fred::types::{ClusterHash, CustomCommand, Value};
 use leasehold::{LockError, LockKeys};
+use leasehold_core::protocol::FENCE_FIELD;
 use serde::Serialize;
 
 use crate::connect::connect;
+use crate::layout::{self, LockKind, Mode, Waiter};
 use crate::render;
+
+pub use crate::layout::Holder;
 
 /// What a lock's keys hold right now.
 #[derive(Debug, Clone, Serialize)]
@@ -24,33 +33,40 @@ pub struct LockState {
     pub name: String,
     /// The lock hash `P:{N}`.
     pub key: String,
-    /// `reentrant` (a leasehold lock hash), `none` (not locked), or `foreign:<type>` for a key
-    /// that is not a leasehold lock (another type, or a hash whose values are not hold counts).
+    /// `reentrant` (a leasehold lock hash, of any [`lock_kind`](Self::lock_kind)), `none` (not
+    /// locked), or `foreign:<type>` for a key that is not a leasehold lock (another type, or a
+    /// hash whose values are not what a lock keeps).
     pub kind: String,
-    /// Owner id and hold count of each holder (one for a reentrant lock).
+    /// Which lock: `lock` (plain; also a fair lock nobody waits for, which looks the same),
+    /// `fair` (a fair lock with waiters) or `rwlock` (a read/write lock); `null` unless `kind`
+    /// is `reentrant`.
+    pub lock_kind: Option<LockKind>,
+    /// A read/write lock's mode, `read` or `write`; `null` for other kinds, and for a
+    /// read/write lock reserved for a waiting writer's turn (no holds).
+    pub mode: Option<Mode>,
+    /// Each holder: owner id and hold count (one owner for an exclusive lock), and for a
+    /// read/write lock each hold's role, token and lease.
     pub holders: Vec<Holder>,
     /// Lease left in milliseconds; `null` when the key is absent or never expires.
     pub ttl_ms: Option<u64>,
     /// The key exists but has no expiry: it will never free itself (only force-unlock does).
     pub no_expiry: bool,
-    /// The fencing token of the current grant (the hash's `~fence` field); `null` when free.
+    /// The fencing token of the current grant (the hash's `~fence` field: a read/write lock's
+    /// writer's); `null` when free or only read-held (each reader has its own token).
     pub fence: Option<u64>,
     /// Connections subscribed to the release channel: one per waiting client process, not per
-    /// waiting task (a client shares one subscription among its waiters).
+    /// waiting task (a client shares one subscription among its waiters). A fair or read/write
+    /// lock's waiters listen on channels of their own instead (see `queue`).
     pub waiters: u64,
-}
-
-/// One owner's holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Holder {
-    /// `<client uuid>:<local id>`.
-    pub owner: String,
-    /// Nested holds of this owner.
-    pub hold_count: u64,
+    /// A fair or read/write lock's waiters in the order they are served (`P:{N}:waiters`).
+    pub queue: Vec<Waiter>,
+    /// A plain lock's clients queued for a turn, in turn order (`P:{N}:queue`: client ids, one
+    /// per client however many of its tasks wait).
+    pub queued_clients: Vec<String>,
 }
 
 impl LockState {
-    /// Whether the lock is held right now.
+    /// Whether the lock is held (or reserved for a turn) right now.
     pub fn is_locked(&self) -> bool {
         self.kind == "reentrant"
     }
@@ -73,12 +89,35 @@ pub async fn run(url: &str, prefix: &str, name: &str, json: bool) -> anyhow::Res
 pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState> {
     let pipeline = redis.pipeline();
     let redis_error = LockError::from_redis;
+    let (waiters_key, until_key, leases_key) = (
+        keys.waiters(),
+        keys.waiters_until(),
+        layout::leases_key(keys.hash()),
+    );
     // Queuing in a pipeline sends nothing and cannot fail on the wire.
     let _: () = pipeline.r#type(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline.hgetall(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline.pttl(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline
         .pubsub_numsub(keys.released())
+        .await
+        .map_err(redis_error)?;
+    let _: () = pipeline
+        .zrange(keys.queue(), 0, -1, None, false, None, false)
+        .await
+        .map_err(redis_error)?;
+    for zset in [&waiters_key, &until_key, &leases_key] {
+        let _: () = pipeline
+            .zrange(zset.as_str(), 0, -1, None, false, None, true)
+            .await
+            .map_err(redis_error)?;
+    }
+    // The server's clock, from the node of the lock's slot: deadlines are in its time.
+    let _: () = pipeline
+        .custom(
+            CustomCommand::new_static("TIME", ClusterHash::Custom(keys.slot()), false),
+            Vec::<Value>::new(),
+        )
         .await
         .map_err(redis_error)?;
     let mut replies = pipeline.try_all::<Value>().await.into_iter();
@@ -93,60 +132,58 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         .ok()
         .and_then(|v| v.convert::<HashMap<String, String>>().ok());
     let pttl = next().map_err(redis_error)?.as_i64().unwrap_or(-2);
+    let waiters = next().ok().map_or(0, |v| numsub_count(&v));
+    // A foreign key where a zset belongs reads as empty.
+    let queued_clients = next().ok().map_or_else(Vec::new, |v| layout::members(&v));
+    let mut zset = || next().ok().map_or_else(Vec::new, |v| layout::scored(&v));
+    let (line, until, leases) = (zset(), zset(), zset());
+    let now_us = next()
+        .ok()
+        .and_then(|v| layout::time_us(&v))
+        .unwrap_or_else(layout::local_time_us);
+    let now_ms = (now_us / 1_000) as i64;
+    let leases: HashMap<String, i64> = leases
+        .into_iter()
+        .map(|(member, deadline)| (member, deadline as i64 - now_ms))
+        .collect();
+    let queued_kind = layout::kind_of_queue(line.first().map(|(_, score)| *score), now_us);
+
     let fence = fields
         .as_ref()
         .and_then(|f| f.get(FENCE_FIELD))
         .and_then(|s| s.parse().ok());
-    let waiters = next().ok().map_or(0, |v| numsub_count(&v));
-
-    let (kind, holders) = match key_type.as_str() {
-        "none" => ("none".to_string(), Vec::new()),
-        "hash" => match fields.as_ref().and_then(holders_of) {
-            Some(holders) => ("reentrant".to_string(), holders),
-            None => ("foreign:hash".to_string(), Vec::new()),
+    let reading = fields
+        .as_ref()
+        .and_then(|f| layout::read_hash(f, queued_kind, &leases));
+    let (kind, reading) = match key_type.as_str() {
+        "none" => ("none".to_string(), None),
+        "hash" => match reading {
+            Some(reading) => ("reentrant".to_string(), Some(reading)),
+            None => ("foreign:hash".to_string(), None),
         },
-        other => (format!("foreign:{other}"), Vec::new()),
+        other => (format!("foreign:{other}"), None),
     };
+    // The queue is read by the lock's kind; with no lock, by what its scores say.
+    let queue_kind = reading
+        .as_ref()
+        .map(|r| r.kind)
+        .or(queued_kind)
+        .unwrap_or(LockKind::Fair);
+    let queue = layout::queue(queue_kind, &line, &until, now_us);
     Ok(LockState {
         name: keys.name().to_string(),
         key: keys.hash().to_string(),
         kind,
-        holders,
+        lock_kind: reading.as_ref().map(|r| r.kind),
+        mode: reading.as_ref().and_then(|r| r.mode),
+        holders: reading.map(|r| r.holders).unwrap_or_default(),
         ttl_ms: u64::try_from(pttl).ok(),
         no_expiry: pttl == -1,
         fence,
         waiters,
+        queue,
+        queued_clients,
     })
-}
-
-/// The hash field that keeps the current grant's fencing token.
-const FENCE_FIELD: &str = "~fence";
-
-/// The holders of a lock hash, or `None` when a value is not a hold count (not our hash).
-/// `~fence` is the grant's token, not a holder. Other fields starting with `~` are
-/// reservations, not owners: `~turn:<client>` (the lock is kept for that client's turn for a
-/// moment after a release) and `~expiring` (a run-once job's "hold at least" tail); they are
-/// listed as they are.
-pub fn holders_of(fields: &HashMap<String, String>) -> Option<Vec<Holder>> {
-    let mut holders = fields
-        .iter()
-        .filter(|(field, _)| field.as_str() != FENCE_FIELD)
-        .map(|(owner, count)| {
-            let hold_count = count
-                .parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0 || owner.starts_with('~'))?;
-            Some(Holder {
-                owner: owner.clone(),
-                hold_count,
-            })
-        })
-        .collect::<Option<Vec<_>>>()?;
-    if holders.is_empty() {
-        return None;
-    }
-    holders.sort_by(|a, b| a.owner.cmp(&b.owner));
-    Some(holders)
 }
 
 /// The count in a `PUBSUB NUMSUB channel` reply (`[channel, count]`, or a map in RESP3).
@@ -170,17 +207,34 @@ pub fn describe(state: &LockState) -> String {
         vec!["lock".into(), state.name.clone()],
         vec!["key".into(), state.key.clone()],
     ];
-    let kind = match state.kind.as_str() {
-        "none" => "none (not locked)".to_string(),
-        "reentrant" => "reentrant".to_string(),
-        other => format!("{other} (not a leasehold lock: left alone)"),
+    let kind = match (state.kind.as_str(), state.lock_kind) {
+        ("none", _) => "none (not locked)".to_string(),
+        ("reentrant", Some(LockKind::Fair)) => {
+            "fair (reentrant; waiters are served in arrival order)".to_string()
+        }
+        ("reentrant", Some(LockKind::Rwlock)) => "rwlock (reentrant read/write lock)".to_string(),
+        ("reentrant", _) => "lock (reentrant)".to_string(),
+        (other, _) => format!("{other} (not a leasehold lock: left alone)"),
     };
     rows.push(vec!["kind".into(), kind]);
+    if state.lock_kind == Some(LockKind::Rwlock) {
+        let readers = state
+            .holders
+            .iter()
+            .filter(|h| h.role == Some(Mode::Read))
+            .count();
+        let mode = match state.mode {
+            Some(Mode::Write) => "write".to_string(),
+            Some(Mode::Read) => format!("read ({readers} reader{})", plural(readers)),
+            None if state.holders.iter().any(|h| h.owner.starts_with('~')) => {
+                "none (no holds: reserved for a waiting writer's turn)".to_string()
+            }
+            None => "none".to_string(),
+        };
+        rows.push(vec!["mode".into(), mode]);
+    }
     for holder in &state.holders {
-        rows.push(vec![
-            "holder".into(),
-            format!("{}  hold count {}", holder.owner, holder.hold_count),
-        ]);
+        rows.push(holder_row(holder));
     }
     if state.kind != "none" {
         let lease = match (state.ttl_ms, state.no_expiry) {
@@ -194,19 +248,112 @@ pub fn describe(state: &LockState) -> String {
         rows.push(vec!["lease".into(), lease]);
     }
     let fence = match state.fence {
+        Some(token) if state.lock_kind == Some(LockKind::Rwlock) => {
+            format!("{token} (the writer's token; the next grant gets more)")
+        }
         Some(token) => format!("{token} (this grant's token; the next grant gets more)"),
+        None if state.mode == Some(Mode::Read) => {
+            "none (read-held: each reader has its own token, above)".into()
+        }
         None => "none (not held)".into(),
     };
     rows.push(vec!["fence".into(), fence]);
+    rows.extend(queue_rows(state));
     rows.push(vec![
         "waiters".into(),
         format!(
-            "{} client{} subscribed to the release channel",
+            "{} client{} subscribed to the release channel{}",
             state.waiters,
-            if state.waiters == 1 { "" } else { "s" }
+            plural(state.waiters as usize),
+            if state.queue.is_empty() {
+                ""
+            } else {
+                " (queued waiters listen on channels of their own)"
+            }
         ),
     ]);
     render::table(&rows)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// A holder's row: `holder OWNER  hold count N` for a plain or fair lock (and a reservation);
+/// a read/write lock's writer and readers with their token and lease.
+fn holder_row(holder: &Holder) -> Vec<String> {
+    let label = match holder.role {
+        Some(Mode::Write) => "writer",
+        Some(Mode::Read) => "reader",
+        None => "holder",
+    };
+    let mut text = format!("{}  hold count {}", holder.owner, holder.hold_count);
+    if holder.role.is_some() {
+        if let Some(token) = holder.token {
+            text.push_str(&format!("  token {token}"));
+        }
+        text.push_str("  lease ");
+        text.push_str(&match holder.lease_ms {
+            Some(ms) => life(ms, "(dropped at the lock's next call)"),
+            None => "unknown (no entry in :leases)".into(),
+        });
+    }
+    vec![label.into(), text]
+}
+
+/// `12.0 s left`, or `ran out 200 ms ago` and what happens then.
+fn life(ms: i64, after: &str) -> String {
+    let d = Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        format!("{} left", render::duration(d))
+    } else {
+        format!("ran out {} ago {after}", render::duration(d))
+    }
+}
+
+/// The queue: a fair or read/write lock's waiters in order (R/W for a read/write lock's), and
+/// a plain lock's clients queued for a turn.
+fn queue_rows(state: &LockState) -> Vec<Vec<String>> {
+    let mut lines = Vec::new();
+    for (i, waiter) in state.queue.iter().enumerate() {
+        let wants = waiter.wants.map_or("", |m| m.letter());
+        let entry = match waiter.entry_ms {
+            Some(ms) => life(ms, "(its client is gone; dropped at the lock's next call)"),
+            None => "without a deadline".into(),
+        };
+        lines.push(format!(
+            "{}. {}{}{}  waiting {}  entry {entry}",
+            i + 1,
+            wants,
+            if wants.is_empty() { "" } else { " " },
+            waiter.owner,
+            render::duration(Duration::from_millis(waiter.waiting_ms)),
+        ));
+    }
+    for (i, client) in state.queued_clients.iter().enumerate() {
+        lines.push(format!("{}. client {client}", state.queue.len() + i + 1));
+    }
+    if lines.is_empty() {
+        lines.push("empty".into());
+    }
+    lines
+        .into_iter()
+        .enumerate()
+        .map(|(i, line)| {
+            vec![
+                if i == 0 {
+                    "queue".into()
+                } else {
+                    String::new()
+                },
+                line,
+            ]
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -214,24 +361,84 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hold_counts_parse() {
-        let fields = HashMap::from([("b:t1".to_string(), "2".to_string())]);
-        assert_eq!(
-            holders_of(&fields),
-            Some(vec![Holder {
-                owner: "b:t1".into(),
-                hold_count: 2
-            }])
-        );
-        let foreign = HashMap::from([("field".to_string(), "hello".to_string())]);
-        assert_eq!(holders_of(&foreign), None);
-        assert_eq!(holders_of(&HashMap::new()), None);
-    }
-
-    #[test]
     fn numsub_replies() {
         let reply = Value::Array(vec![Value::from("ch"), Value::from(3_i64)]);
         assert_eq!(numsub_count(&reply), 3);
         assert_eq!(numsub_count(&Value::Null), 0);
+    }
+
+    fn state(lock_kind: LockKind, mode: Option<Mode>, holders: Vec<Holder>) -> LockState {
+        LockState {
+            name: "docs".into(),
+            key: "leasehold:{docs}".into(),
+            kind: "reentrant".into(),
+            lock_kind: Some(lock_kind),
+            mode,
+            holders,
+            ttl_ms: Some(29_000),
+            no_expiry: false,
+            fence: None,
+            waiters: 0,
+            queue: Vec::new(),
+            queued_clients: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn read_write_lock_text() {
+        let reader = |owner: &str, lease_ms| Holder {
+            owner: owner.into(),
+            hold_count: 1,
+            role: Some(Mode::Read),
+            token: Some(7),
+            lease_ms: Some(lease_ms),
+        };
+        let mut s = state(
+            LockKind::Rwlock,
+            Some(Mode::Read),
+            vec![reader("a:t1", 12_000), reader("b:t2", -200)],
+        );
+        s.queue.push(Waiter {
+            owner: "c:t3".into(),
+            wants: Some(Mode::Write),
+            waiting_ms: 1_500,
+            entry_ms: Some(29_800),
+        });
+        let text = describe(&s);
+        assert!(text.contains("kind     rwlock"), "{text}");
+        assert!(text.contains("mode     read (2 readers)"), "{text}");
+        assert!(
+            text.contains("reader   a:t1  hold count 1  token 7  lease 12.0 s left"),
+            "{text}"
+        );
+        assert!(text.contains("lease ran out 200 ms ago"), "{text}");
+        assert!(text.contains("fence    none (read-held"), "{text}");
+        assert!(
+            text.contains("queue    1. W c:t3  waiting 1.5 s  entry 29.8 s left"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn plain_lock_text_keeps_its_rows() {
+        let mut s = state(
+            LockKind::Lock,
+            None,
+            vec![Holder {
+                owner: "a:t1".into(),
+                hold_count: 2,
+                role: None,
+                token: Some(9),
+                lease_ms: None,
+            }],
+        );
+        s.queued_clients = vec!["c1".into(), "c2".into()];
+        let text = describe(&s);
+        assert!(text.contains("holder   a:t1  hold count 2\n"), "{text}");
+        assert!(!text.contains("mode"), "{text}");
+        assert!(
+            text.contains("queue    1. client c1\n         2. client c2\n"),
+            "{text}"
+        );
     }
 }

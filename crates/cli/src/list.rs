@@ -1,14 +1,15 @@
 //! `leasehold list [PATTERN]`: the locks under a prefix.
 //!
 //! Keys are found with `SCAN MATCH PREFIX:* TYPE hash` (never `KEYS`, which blocks Redis for
-//! the whole keyspace); the fencing counter is a string and other kinds of keys are skipped. The
-//! holders and lease of each lock are then read with one pipelined round trip per batch.
+//! the whole keyspace); the fencing counter is a string, the queues and leases are zsets, and
+//! other kinds of keys are skipped. The holders, lease and queue of each lock are then read with
+//! one pipelined round trip per batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::{HashesInterface, KeysInterface};
+use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
 use fred::types::scan::ScanType;
 use fred::types::Value;
 use futures::TryStreamExt;
@@ -17,11 +18,15 @@ use leasehold_core::Prefix;
 use serde::Serialize;
 
 use crate::connect::connect;
-use crate::inspect::{holders_of, Holder};
+use crate::layout::{self, Holder, LockKind, Mode};
 use crate::{glob, render};
 
 /// Keys asked for per SCAN page, and locks read per pipelined round trip.
 const BATCH: usize = 500;
+
+/// Replies read per lock: HGETALL and PTTL of the hash, ZCARD of the turn queue and of the
+/// waiters, and the first waiter (whose score tells a fair lock from a read/write lock).
+const READS_PER_LOCK: usize = 5;
 
 /// One held lock in the listing.
 #[derive(Debug, Clone, Serialize)]
@@ -30,10 +35,21 @@ pub struct ListedLock {
     pub name: String,
     /// The lock hash.
     pub key: String,
-    /// Owner ids and hold counts.
+    /// Owner ids and hold counts (for a read/write lock, with each hold's role and token).
     pub holders: Vec<Holder>,
     /// Lease left in milliseconds; `null` when the key never expires.
     pub ttl_ms: Option<u64>,
+    /// `lock`, `fair` or `rwlock`, as in `inspect --json` (a fair lock nobody waits for is a
+    /// `lock`).
+    pub lock_kind: LockKind,
+    /// A read/write lock's mode, `read` or `write`; `null` otherwise.
+    pub mode: Option<Mode>,
+    /// The current grant's fencing token (`~fence`; a read/write lock's writer's); `null`
+    /// when only read-held or reserved.
+    pub fence: Option<u64>,
+    /// Entries queued: a fair or read/write lock's waiting owners (`P:{N}:waiters`), a plain
+    /// lock's clients with waiters (`P:{N}:queue`, one per client however many tasks wait).
+    pub queued: u64,
 }
 
 /// The whole listing, as `--json` prints it.
@@ -91,33 +107,53 @@ pub async fn list(
 
     let mut locks = Vec::with_capacity(names.len());
     let names: Vec<(String, String)> = names.into_iter().collect();
+    let now_us = layout::local_time_us();
     for batch in names.chunks(BATCH) {
         let pipeline = redis.pipeline();
         for (_, key) in batch {
+            let waiters = format!("{key}:waiters");
             let _: () = pipeline.hgetall(key.as_str()).await.map_err(redis_error)?;
             let _: () = pipeline.pttl(key.as_str()).await.map_err(redis_error)?;
+            let _: () = pipeline
+                .zcard(format!("{key}:queue"))
+                .await
+                .map_err(redis_error)?;
+            let _: () = pipeline
+                .zcard(waiters.as_str())
+                .await
+                .map_err(redis_error)?;
+            let _: () = pipeline
+                .zrange(waiters.as_str(), 0, 0, None, false, None, true)
+                .await
+                .map_err(redis_error)?;
         }
         let replies = pipeline.try_all::<Value>().await;
         // A batch that failed as a whole (timeout, lost connection) comes back as one error:
         // report it rather than list nothing.
-        if replies.len() != 2 * batch.len() {
+        if replies.len() != READS_PER_LOCK * batch.len() {
             let error = replies.into_iter().find_map(Result::err);
             return Err(match error {
                 Some(error) => redis_error(error).into(),
-                None => {
-                    anyhow::anyhow!("Redis answered a batch of {} reads short", 2 * batch.len())
-                }
+                None => anyhow::anyhow!(
+                    "Redis answered a batch of {} reads short",
+                    READS_PER_LOCK * batch.len()
+                ),
             });
         }
-        for ((name, key), pair) in batch.iter().zip(replies.chunks(2)) {
-            let [fields, pttl] = pair else { continue };
+        for ((name, key), reads) in batch.iter().zip(replies.chunks(READS_PER_LOCK)) {
+            let [fields, pttl, queue, waiters, head] = reads else {
+                continue;
+            };
+            // A foreign key where a zset belongs counts as empty.
+            let zcard = |reply: &Result<Value, _>| reply.as_ref().ok().and_then(Value::as_u64);
+            let head = head.as_ref().ok().map(layout::scored).unwrap_or_default();
+            let queued_kind = layout::kind_of_queue(head.first().map(|(_, s)| *s), now_us);
             // Released (or replaced by another type) since the scan: not a lock any more.
-            let Some(holders) = fields
+            let Some(reading) = fields
                 .as_ref()
                 .ok()
                 .and_then(|v| v.clone().convert::<HashMap<String, String>>().ok())
-                .as_ref()
-                .and_then(holders_of)
+                .and_then(|f| layout::read_hash(&f, queued_kind, &HashMap::new()))
             else {
                 continue;
             };
@@ -128,8 +164,12 @@ pub async fn list(
             locks.push(ListedLock {
                 name: name.clone(),
                 key: key.clone(),
-                holders,
+                holders: reading.holders,
                 ttl_ms: u64::try_from(pttl).ok(),
+                lock_kind: reading.kind,
+                mode: reading.mode,
+                fence: reading.fence,
+                queued: zcard(queue).unwrap_or(0) + zcard(waiters).unwrap_or(0),
             });
         }
     }
@@ -137,15 +177,27 @@ pub async fn list(
 }
 
 /// The lock name whose hash is `key` under `prefix`, or `None` for a key that is not one:
-/// a fencing counter, another kind's key (`P:{N}:...`), or a key no name maps to.
+/// a fencing counter, a lock's own other keys (`P:{N}:queue`, `:waiters`, `:waiters:until`,
+/// `:leases`, ...), or a key no name maps to.
 pub fn lock_name(prefix: &Prefix, key: &str) -> Option<String> {
     let rest = key.strip_prefix(prefix.as_str())?.strip_prefix(':')?;
     // `P:{N}` for a plain name; a name with its own hash tag is the key's rest as given.
-    let candidate = rest
+    let wrapped = rest
         .strip_prefix('{')
         .and_then(|r| r.strip_suffix('}'))
-        .filter(|inner| !inner.is_empty() && !inner.contains(['{', '}']))
-        .unwrap_or(rest);
+        .filter(|inner| !inner.is_empty() && !inner.contains(['{', '}']));
+    let candidate = match wrapped {
+        Some(inner) => inner,
+        // A tagged name ending like a lock's own key would be that key: `P:{N}:leases` is
+        // lock N's leases, not a lock named `{N}:leases` (which the library refuses).
+        None if layout::AUXILIARY_SUFFIXES
+            .iter()
+            .any(|suffix| rest.ends_with(suffix)) =>
+        {
+            return None
+        }
+        None => rest,
+    };
     let keys = LockKeys::new(prefix, candidate).ok()?;
     (keys.hash() == key).then(|| candidate.to_string())
 }
@@ -158,19 +210,31 @@ pub fn describe(listing: &Listing) -> String {
             listing.prefix, listing.pattern
         );
     }
-    let mut rows = vec![vec!["NAME".into(), "HOLDERS".into(), "TTL".into()]];
+    let mut rows = vec![["NAME", "KIND", "MODE", "HOLDERS", "QUEUED", "TTL"]
+        .map(String::from)
+        .to_vec()];
     for lock in &listing.locks {
         let holders = lock
             .holders
             .iter()
-            .map(|h| format!("{} x{}", h.owner, h.hold_count))
+            .map(|h| match h.role {
+                Some(role) => format!("{} x{} ({})", h.owner, h.hold_count, role.as_str()),
+                None => format!("{} x{}", h.owner, h.hold_count),
+            })
             .collect::<Vec<_>>()
             .join(", ");
         let ttl = lock.ttl_ms.map_or_else(
             || "no expiry".to_string(),
             |ms| render::duration(Duration::from_millis(ms)),
         );
-        rows.push(vec![lock.name.clone(), holders, ttl]);
+        rows.push(vec![
+            lock.name.clone(),
+            lock.lock_kind.as_str().into(),
+            mode_cell(lock),
+            holders,
+            lock.queued.to_string(),
+            ttl,
+        ]);
     }
     let n = listing.locks.len();
     format!(
@@ -178,6 +242,12 @@ pub fn describe(listing: &Listing) -> String {
         render::table(&rows),
         if n == 1 { "" } else { "s" }
     )
+}
+
+/// A lock's MODE cell: a read/write lock's mode, `-` for the other kinds (and a read/write lock
+/// with no holds, reserved for a writer's turn).
+pub fn mode_cell(lock: &ListedLock) -> String {
+    lock.mode.map_or("-", Mode::as_str).to_string()
 }
 
 #[cfg(test)]
@@ -203,5 +273,23 @@ mod tests {
         assert_eq!(name("other:{x}"), None);
         assert_eq!(name("leaseholdx:{x}"), None);
         assert_eq!(name("leasehold:{}"), None);
+        for suffix in layout::AUXILIARY_SUFFIXES {
+            assert_eq!(
+                name(&format!("leasehold:{{docs}}{suffix}")),
+                None,
+                "{suffix}"
+            );
+            assert_eq!(
+                name(&format!("leasehold:a:{{b}}{suffix}")),
+                None,
+                "{suffix}"
+            );
+        }
+        // Plain names may end that way: their key is wrapped in braces.
+        assert_eq!(
+            name("leasehold:{docs:leases}").as_deref(),
+            Some("docs:leases")
+        );
+        assert_eq!(name("leasehold:{x:waiters}").as_deref(), Some("x:waiters"));
     }
 }

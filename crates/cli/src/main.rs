@@ -1,7 +1,9 @@
 //! `leasehold`: the command line of the leasehold distributed lock library.
 //!
-//! * `inspect NAME` shows one lock (holders, lease left, the grant's fencing token, waiters);
-//! * `list [PATTERN]` lists the locks under the prefix;
+//! * `inspect NAME` shows one lock (its kind, holders, lease left, the grant's fencing token,
+//!   a read/write lock's mode and readers, the queue);
+//! * `list [PATTERN]` lists the locks under the prefix, with their kind and mode;
+//! * `watch [PATTERN]` refreshes that list;
 //! * `unlock --force NAME` releases a lock whoever holds it;
 //! * `demo` plays the three scenarios of the seeds with real OS processes as pods.
 //!
@@ -15,6 +17,7 @@ mod demo;
 mod errors;
 mod glob;
 mod inspect;
+mod layout;
 mod list;
 mod render;
 mod unlock;

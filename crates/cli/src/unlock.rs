@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::connect::connect;
 use crate::inspect::{self, Holder};
+use crate::layout::LockKind;
 use crate::render;
 
 /// How the force-unlock was (or will be) confirmed.
@@ -66,6 +67,15 @@ pub async fn run(
             "key {} holds a {}, not a leasehold lock: leaving it alone",
             state.key,
             state.kind.trim_start_matches("foreign:")
+        );
+    }
+    if state.lock_kind == Some(LockKind::Rwlock) {
+        // The library's force unlock deletes the hash and hands the lock to the first waiter
+        // as an exclusive lock's: a read/write lock's leases (`P:{N}:leases`) would stay behind
+        // and still count as holds, and a reader at the head would get a writer's turn.
+        bail!(
+            "{name:?} is a read/write lock: unlock --force does not handle read/write locks \
+             yet; nothing was changed (inspect {name:?} shows its holders and their leases)"
         );
     }
     if state.is_locked() && confirmation == Confirmation::Ask {

@@ -1,26 +1,24 @@
 //! `leasehold watch [PATTERN]`: a refreshing view of the locks under a prefix, for an operator
-//! chasing a stuck job: name, kind, holder, hold count, lease left, clients queued for a turn,
-//! the fencing token and the grants seen since the watch started.
+//! chasing a stuck job: name, kind, a read/write lock's mode, holder, hold count, lease left,
+//! entries queued, the fencing token and the grants seen since the watch started.
 //!
-//! Each refresh is one `list` (SCAN, then the holders and lease of each lock pipelined) plus
-//! one pipelined round trip reading every listed lock's turn queue length and fencing token.
-//! Handoffs are counted by the token: a lock whose token changed between two refreshes was
-//! granted anew at least once (grants shorter than the interval can hide between refreshes).
-//! `--once` prints one frame and exits: for scripts, and for tests.
+//! Each refresh is one `list` (SCAN, then the holders, lease, queue length and token of each
+//! lock pipelined). Handoffs are counted by the token: a lock whose token changed between two
+//! refreshes was granted anew at least once (grants shorter than the interval can hide between
+//! refreshes). A read-held read/write lock has no `~fence`: its newest reader's token stands in
+//! (a new reader counts as a grant). `--once` prints one frame and exits: for scripts, and for
+//! tests.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::{HashesInterface, SortedSetsInterface};
-use fred::types::Value;
-use leasehold::{LockError, LockKeys};
-use leasehold_core::protocol::FENCE_FIELD;
 use leasehold_core::Prefix;
 
 use crate::connect::connect;
-use crate::list::{list, ListedLock};
+use crate::layout::{LockKind, Mode};
+use crate::list::{list, mode_cell, ListedLock};
 use crate::render;
 
 /// What a frame shows of one lock.
@@ -28,10 +26,8 @@ use crate::render;
 pub struct WatchedLock {
     /// The lock as `list` read it.
     pub lock: ListedLock,
-    /// Clients queued for a turn (`P:{N}:queue`).
-    pub queued: u64,
-    /// The current grant's fencing token.
-    pub token: Option<String>,
+    /// The current grant's fencing token (a read-held read/write lock's newest reader's).
+    pub token: Option<u64>,
     /// Grants seen since the watch started (token changes between frames).
     pub grants_seen: u64,
 }
@@ -46,7 +42,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let client = connect(url, prefix).await?;
     let prefix = Prefix::new(prefix)?;
-    let mut seen: HashMap<String, (Option<String>, u64)> = HashMap::new();
+    let mut seen: HashMap<String, (Option<u64>, u64)> = HashMap::new();
     let clear = !once && std::io::stdout().is_terminal();
     loop {
         let locks = frame(client.redis(), &prefix, pattern, &mut seen).await?;
@@ -69,41 +65,25 @@ async fn frame(
     redis: &Client,
     prefix: &Prefix,
     pattern: &str,
-    seen: &mut HashMap<String, (Option<String>, u64)>,
+    seen: &mut HashMap<String, (Option<u64>, u64)>,
 ) -> anyhow::Result<Vec<WatchedLock>> {
     let locks = list(redis, prefix, pattern).await?;
-    let pipeline = redis.pipeline();
-    for lock in &locks {
-        let keys = LockKeys::new(prefix, &lock.name)?;
-        let _: () = pipeline
-            .zcard(keys.queue())
-            .await
-            .map_err(LockError::from_redis)?;
-        let _: () = pipeline
-            .hget(keys.hash(), FENCE_FIELD)
-            .await
-            .map_err(LockError::from_redis)?;
-    }
-    let replies = pipeline.try_all::<Value>().await;
     let mut watched = Vec::with_capacity(locks.len());
-    for (lock, pair) in locks.into_iter().zip(replies.chunks(2)) {
-        let queued = pair
-            .first()
-            .and_then(|r| r.as_ref().ok())
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        let token = pair
-            .get(1)
-            .and_then(|r| r.as_ref().ok())
-            .and_then(Value::as_string);
+    for lock in locks {
+        let token = lock.fence.or_else(|| {
+            lock.holders
+                .iter()
+                .filter(|h| h.role == Some(Mode::Read))
+                .filter_map(|h| h.token)
+                .max()
+        });
         let (last, grants) = seen.entry(lock.name.clone()).or_insert((None, 0));
         if token.is_some() && *last != token {
             *grants += 1;
-            last.clone_from(&token);
+            *last = token;
         }
         watched.push(WatchedLock {
             lock,
-            queued,
             token,
             grants_seen: *grants,
         });
@@ -119,7 +99,7 @@ pub fn describe(prefix: &str, pattern: &str, locks: &[WatchedLock]) -> String {
         return out;
     }
     let mut rows = vec![[
-        "NAME", "KIND", "HOLDER", "HOLDS", "LEASE", "QUEUED", "TOKEN", "GRANTS",
+        "NAME", "KIND", "MODE", "HOLDER", "HOLDS", "LEASE", "QUEUED", "TOKEN", "GRANTS",
     ]
     .map(String::from)
     .to_vec()];
@@ -128,7 +108,10 @@ pub fn describe(prefix: &str, pattern: &str, locks: &[WatchedLock]) -> String {
         let (holder, holds) = match lock.holders.as_slice() {
             [one] => (one.owner.clone(), one.hold_count.to_string()),
             many => (
-                format!("{} owners", many.len()),
+                match lock.lock_kind {
+                    LockKind::Rwlock => format!("{} holds", many.len()),
+                    LockKind::Lock | LockKind::Fair => format!("{} owners", many.len()),
+                },
                 many.iter().map(|h| h.hold_count).sum::<u64>().to_string(),
             ),
         };
@@ -138,12 +121,15 @@ pub fn describe(prefix: &str, pattern: &str, locks: &[WatchedLock]) -> String {
         );
         rows.push(vec![
             lock.name.clone(),
-            "lock".into(),
+            lock.lock_kind.as_str().into(),
+            mode_cell(lock),
             holder,
             holds,
             lease,
-            watched.queued.to_string(),
-            watched.token.clone().unwrap_or_else(|| "-".into()),
+            lock.queued.to_string(),
+            watched
+                .token
+                .map_or_else(|| "-".to_string(), |t| t.to_string()),
             watched.grants_seen.to_string(),
         ]);
     }

@@ -87,6 +87,31 @@ async fn wait_for_subscribers(client: &LockClient, channel: &str, n: u64) {
     }
 }
 
+/// Waits (up to 10 s) until the zset `key` has `n` members: waiters have queued.
+async fn wait_for_zcard(client: &LockClient, key: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let count: u64 = client.redis().zcard(key).await.unwrap();
+        if count == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} never reached {n} members (has {count})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The row of `name` in a table (`list`, `watch --once`), split on whitespace.
+fn row<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row for {name}: {text}"))
+        .split_whitespace()
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_shows_holder_lease_fence_and_waiters() {
     let redis = start_redis();
@@ -100,28 +125,42 @@ async fn inspect_shows_holder_lease_fence_and_waiters() {
         tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
     };
     wait_for_subscribers(&holder, lock.keys().released(), 1).await;
+    // The waiter's client queues for a turn once its first try was answered.
+    wait_for_zcard(&holder, lock.keys().queue(), 1).await;
 
     let state = ok_json(&url, &["inspect", "inventory:42", "--json"]).await;
     assert_eq!(state["name"], "inventory:42");
     assert_eq!(state["key"], "leasehold:{inventory:42}");
     assert_eq!(state["kind"], "reentrant");
+    assert_eq!(state["lock_kind"], "lock");
+    assert_eq!(state["mode"], Json::Null);
     assert_eq!(state["holders"][0]["owner"], guard.owner().id());
     assert_eq!(state["holders"][0]["hold_count"], 1);
+    assert_eq!(state["holders"][0]["role"], Json::Null);
+    assert_eq!(state["holders"][0]["token"], guard.fencing_token().get());
+    assert_eq!(state["holders"][0]["lease_ms"], Json::Null);
     assert_eq!(state["holders"].as_array().unwrap().len(), 1);
     assert_eq!(state["fence"], guard.fencing_token().get());
     let ttl = state["ttl_ms"].as_u64().expect("a TTL");
     assert!(ttl > 0 && ttl <= 30_000, "ttl {ttl}");
     assert_eq!(state["no_expiry"], false);
     assert_eq!(state["waiters"], 1);
+    assert_eq!(state["queue"], Json::Array(vec![]));
+    assert_eq!(state["queued_clients"], serde_json::json!([waiter.id()]));
 
     let text = ok(&url, &["inspect", "inventory:42"]).await;
-    assert!(text.contains("reentrant"), "{text}");
+    assert!(text.contains("lock (reentrant)"), "{text}");
     assert!(
-        text.contains(&format!("{}  hold count 1", guard.owner().id())),
+        text.contains(&format!("{}  hold count 1\n", guard.owner().id())),
         "{text}"
     );
     assert!(text.contains(&guard.fencing_token().to_string()), "{text}");
+    assert!(
+        text.contains(&format!("queue    1. client {}\n", waiter.id())),
+        "{text}"
+    );
     assert!(text.contains("1 client subscribed"), "{text}");
+    assert!(!text.contains("mode"), "{text}");
 
     guard.unlock().await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(5), waiting)
@@ -199,6 +238,10 @@ async fn list_shows_locks_under_the_prefix_only() {
     assert_eq!(first["key"], "leasehold:{inventory:42}");
     assert_eq!(first["holders"][0]["owner"], "owner-a:t1");
     assert_eq!(first["holders"][0]["hold_count"], 2);
+    assert_eq!(first["lock_kind"], "lock");
+    assert_eq!(first["mode"], Json::Null);
+    assert_eq!(first["fence"], Json::Null);
+    assert_eq!(first["queued"], 0);
     let ttl = first["ttl_ms"].as_u64().unwrap();
     assert!(ttl > 0 && ttl <= 60_000);
 
@@ -211,6 +254,14 @@ async fn list_shows_locks_under_the_prefix_only() {
     let text = ok(&url, &["list"]).await;
     assert!(text.starts_with("NAME"), "{text}");
     assert!(text.contains("owner-a:t1 x2"), "{text}");
+    assert_eq!(
+        row(&text, "NAME"),
+        ["NAME", "KIND", "MODE", "HOLDERS", "QUEUED", "TTL"]
+    );
+    assert_eq!(
+        row(&text, "inventory:42")[..5],
+        ["inventory:42", "lock", "-", "owner-a:t1", "x2"]
+    );
     assert!(text.contains("4 locks"), "{text}");
     assert!(!text.contains("str") && !text.contains("odd") && !text.contains("fence"));
 
@@ -559,8 +610,9 @@ async fn watch_once_shows_holder_queue_and_token() {
     let fields: Vec<&str> = row.split_whitespace().collect();
     let token = guard.fencing_token().to_string();
     assert_eq!(fields[1], "lock", "{row}");
-    assert_eq!(fields[2], guard.owner().to_string(), "{row}");
-    assert_eq!(fields[3], "2", "hold count: {row}");
+    assert_eq!(fields[2], "-", "mode: {row}");
+    assert_eq!(fields[3], guard.owner().to_string(), "{row}");
+    assert_eq!(fields[4], "2", "hold count: {row}");
     let n = fields.len();
     assert_eq!(
         &fields[n - 3..],
@@ -580,4 +632,402 @@ async fn watch_once_shows_holder_queue_and_token() {
     assert!(empty.contains("no locks held"), "{empty}");
     let bad = leasehold(&url, &["watch", "--interval", "0"]).await;
     assert_clean_failure(&bad, "--interval must be a positive number of seconds");
+}
+
+/// A fair lock with two waiters, built through the library: `inspect` shows kind `fair` and
+/// the queue in arrival order with each entry's life left; `list` and `watch` show the kind
+/// and the queue's length. With nobody waiting, a fair lock looks like a plain one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_list_show_a_fair_lock_queue() {
+    let redis = start_redis();
+    let url = redis.url();
+    let holder = LockClient::connect(&url).await.unwrap();
+    let lock = holder.fair_lock("payouts").unwrap();
+    let waiters_key = lock.keys().waiters();
+    let guard = lock.lock().await.unwrap();
+
+    let mut clients = Vec::new();
+    let mut owners = Vec::new();
+    let mut tasks = Vec::new();
+    for n in 1..=2 {
+        let client = LockClient::connect(&url).await.unwrap();
+        let owner = client.new_owner();
+        let lock = client
+            .fair_lock("payouts")
+            .unwrap()
+            .with_owner(owner.clone());
+        owners.push(owner.id().to_string());
+        clients.push(client);
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.lock().await.unwrap();
+            guard.unlock().await.unwrap();
+        }));
+        // One after the other, so the arrival order is known.
+        wait_for_zcard(&holder, &waiters_key, n).await;
+    }
+
+    let state = ok_json(&url, &["inspect", "payouts", "--json"]).await;
+    assert_eq!(state["kind"], "reentrant");
+    assert_eq!(state["lock_kind"], "fair");
+    assert_eq!(state["mode"], Json::Null);
+    assert_eq!(state["holders"][0]["owner"], guard.owner().id());
+    assert_eq!(state["holders"][0]["token"], guard.fencing_token().get());
+    assert_eq!(state["fence"], guard.fencing_token().get());
+    let queue = state["queue"].as_array().unwrap();
+    let queued: Vec<&str> = queue.iter().map(|w| w["owner"].as_str().unwrap()).collect();
+    assert_eq!(queued, owners);
+    for waiter in queue {
+        assert_eq!(waiter["wants"], Json::Null);
+        let entry = waiter["entry_ms"].as_i64().expect("an entry deadline");
+        assert!(entry > 0 && entry <= 30_000, "entry {entry}");
+        assert!(waiter["waiting_ms"].as_u64().unwrap() < 30_000);
+    }
+    assert_eq!(state["queued_clients"], Json::Array(vec![]));
+
+    let text = ok(&url, &["inspect", "payouts"]).await;
+    assert!(text.contains("kind     fair"), "{text}");
+    assert!(
+        text.contains(&format!("{}  hold count 1\n", guard.owner().id())),
+        "{text}"
+    );
+    for (i, owner) in owners.iter().enumerate() {
+        assert!(
+            text.contains(&format!("{}. {owner}  waiting ", i + 1)),
+            "{text}"
+        );
+    }
+    assert!(text.contains(" s left"), "{text}");
+
+    let listed = ok_json(&url, &["list", "--json"]).await;
+    let locks = listed["locks"].as_array().unwrap();
+    assert_eq!(locks.len(), 1, "the waiters' zsets are not locks: {listed}");
+    assert_eq!(locks[0]["name"], "payouts");
+    assert_eq!(locks[0]["lock_kind"], "fair");
+    assert_eq!(locks[0]["mode"], Json::Null);
+    assert_eq!(locks[0]["queued"], 2);
+    assert_eq!(locks[0]["fence"], guard.fencing_token().get());
+    let text = ok(&url, &["list"]).await;
+    let fields = row(&text, "payouts");
+    assert_eq!(fields[1..4], ["fair", "-", guard.owner().id()], "{text}");
+    assert_eq!(fields[5], "2", "queued: {text}");
+    let frame = ok(&url, &["watch", "--once"]).await;
+    let fields = row(&frame, "payouts");
+    assert_eq!(
+        fields[1..5],
+        ["fair", "-", guard.owner().id(), "1"],
+        "{frame}"
+    );
+    let n = fields.len();
+    assert_eq!(fields[n - 3], "2", "queued: {frame}");
+
+    guard.unlock().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("every waiter gets the lock in turn")
+            .unwrap();
+    }
+    // Nobody waits: the fair lock's hash is a plain lock's.
+    let alone = lock.lock().await.unwrap();
+    let state = ok_json(&url, &["inspect", "payouts", "--json"]).await;
+    assert_eq!(state["lock_kind"], "lock");
+    assert_eq!(state["queue"], Json::Array(vec![]));
+    alone.unlock().await.unwrap();
+}
+
+/// The server's clock in microseconds.
+fn server_time_us(redis: &leasehold_testkit::RedisServer) -> u64 {
+    let time = redis.command(&["TIME"]).unwrap();
+    let parts = time.as_array().unwrap();
+    let part = |i: usize| -> u64 { parts[i].as_str().unwrap().parse().unwrap() };
+    part(0) * 1_000_000 + part(1)
+}
+
+/// Read/write locks, written in Redis as the library lays them out (the type is not in the
+/// library yet): write-held with the writer also reading, read-held by two readers, and
+/// reserved for a waiting writer's turn. `inspect` shows the mode, the writer and readers with
+/// their tokens and leases, and the queue with R/W per waiter; `list` and `watch` show the kind
+/// and mode and do not list the auxiliary keys; `unlock --force` leaves them alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_list_show_read_write_locks() {
+    let redis = start_redis();
+    let url = redis.url();
+    let uuid = |c: char| c.to_string().repeat(32);
+    let writer = format!("{}:t12", uuid('a'));
+    let reader_a = format!("{}:t3", uuid('b'));
+    let reader_b = format!("{}:o1", uuid('c'));
+    let waiting_writer = format!("{}:t7", uuid('d'));
+    let waiting_reader = format!("{}:t8", uuid('e'));
+    let now_us = server_time_us(&redis);
+    let ms = |offset: i64| ((now_us / 1_000) as i64 + offset).to_string();
+    let score =
+        |ago_us: u64, writing: bool| (2 * (now_us - ago_us) + u64::from(writing)).to_string();
+    let run = |args: &[&str]| {
+        redis.command(args).unwrap();
+    };
+
+    // Write-held: the writer holds twice and took a read hold too (a downgrade in the
+    // making); a writer and a reader wait, the reader's entry has lapsed.
+    let (rw, rf) = (format!("~r:{writer}"), format!("~rf:{writer}"));
+    run(&[
+        "HSET",
+        "leasehold:{doc}",
+        "~mode",
+        "w",
+        "~writer",
+        &writer,
+        &writer,
+        "2",
+        "~fence",
+        "1001",
+        &rw,
+        "1",
+        &rf,
+        "1002",
+    ]);
+    run(&[
+        "ZADD",
+        "leasehold:{doc}:leases",
+        &ms(20_000),
+        &writer,
+        &ms(15_000),
+        &rw,
+    ]);
+    let (w_score, r_score) = (score(3_000_000, true), score(2_000_000, false));
+    run(&[
+        "ZADD",
+        "leasehold:{doc}:waiters",
+        &w_score,
+        &waiting_writer,
+        &r_score,
+        &waiting_reader,
+    ]);
+    run(&[
+        "ZADD",
+        "leasehold:{doc}:waiters:until",
+        &ms(25_000),
+        &waiting_writer,
+        &ms(-500),
+        &waiting_reader,
+    ]);
+    // Read-held by two readers, a writer waiting.
+    let (ra, rb) = (format!("~r:{reader_a}"), format!("~r:{reader_b}"));
+    run(&[
+        "HSET",
+        "leasehold:{report}",
+        "~mode",
+        "r",
+        &ra,
+        "2",
+        &format!("~rf:{reader_a}"),
+        "1003",
+        &rb,
+        "1",
+        &format!("~rf:{reader_b}"),
+        "1004",
+    ]);
+    run(&[
+        "ZADD",
+        "leasehold:{report}:leases",
+        &ms(10_000),
+        &ra,
+        &ms(5_000),
+        &rb,
+    ]);
+    run(&[
+        "ZADD",
+        "leasehold:{report}:waiters",
+        &w_score,
+        &waiting_writer,
+    ]);
+    run(&[
+        "ZADD",
+        "leasehold:{report}:waiters:until",
+        &ms(25_000),
+        &waiting_writer,
+    ]);
+    // Reserved for the waiting writer's turn: no holds, so no mode and no leases.
+    let turn = format!("~turn:{waiting_writer}");
+    run(&["HSET", "leasehold:{handoff}", &turn, "0"]);
+    run(&[
+        "ZADD",
+        "leasehold:{handoff}:waiters",
+        &w_score,
+        &waiting_writer,
+    ]);
+    run(&[
+        "ZADD",
+        "leasehold:{handoff}:waiters:until",
+        &ms(25_000),
+        &waiting_writer,
+    ]);
+    for key in [
+        "{doc}",
+        "{doc}:leases",
+        "{report}",
+        "{report}:leases",
+        "{handoff}",
+    ] {
+        run(&["PEXPIRE", &format!("leasehold:{key}"), "20000"]);
+    }
+
+    // Write-held.
+    let doc = ok_json(&url, &["inspect", "doc", "--json"]).await;
+    assert_eq!(doc["kind"], "reentrant");
+    assert_eq!(doc["lock_kind"], "rwlock");
+    assert_eq!(doc["mode"], "write");
+    assert_eq!(doc["fence"], 1001);
+    let holders = doc["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{doc}");
+    let hold = |h: &Json| {
+        (
+            h["owner"].as_str().unwrap().to_string(),
+            h["hold_count"].as_u64().unwrap(),
+            h["role"].as_str().unwrap().to_string(),
+            h["token"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(hold(&holders[0]), (writer.clone(), 2, "write".into(), 1001));
+    assert_eq!(hold(&holders[1]), (writer.clone(), 1, "read".into(), 1002));
+    let lease = |h: &Json| h["lease_ms"].as_i64().expect("a lease");
+    assert!((1..=20_000).contains(&lease(&holders[0])), "{doc}");
+    assert!((1..=15_000).contains(&lease(&holders[1])), "{doc}");
+    let queue = doc["queue"].as_array().unwrap();
+    assert_eq!(queue.len(), 2, "{doc}");
+    assert_eq!(queue[0]["owner"], waiting_writer.as_str());
+    assert_eq!(queue[0]["wants"], "write");
+    assert!((3_000..60_000).contains(&queue[0]["waiting_ms"].as_u64().unwrap()));
+    assert!((1..=25_000).contains(&queue[0]["entry_ms"].as_i64().unwrap()));
+    assert_eq!(queue[1]["owner"], waiting_reader.as_str());
+    assert_eq!(queue[1]["wants"], "read");
+    assert!(queue[1]["entry_ms"].as_i64().unwrap() < 0, "a lapsed entry");
+
+    let text = ok(&url, &["inspect", "doc"]).await;
+    assert!(text.contains("kind     rwlock"), "{text}");
+    assert!(text.contains("mode     write\n"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "writer   {writer}  hold count 2  token 1001  lease "
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "reader   {writer}  hold count 1  token 1002  lease "
+        )),
+        "{text}"
+    );
+    assert!(text.contains("fence    1001 (the writer's token"), "{text}");
+    assert!(
+        text.contains(&format!("queue    1. W {waiting_writer}  waiting ")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("         2. R {waiting_reader}  waiting ")),
+        "{text}"
+    );
+    assert!(text.contains("entry ran out"), "{text}");
+
+    // Read-held.
+    let report = ok_json(&url, &["inspect", "report", "--json"]).await;
+    assert_eq!(report["lock_kind"], "rwlock");
+    assert_eq!(report["mode"], "read");
+    assert_eq!(report["fence"], Json::Null);
+    let holders = report["holders"].as_array().unwrap();
+    assert_eq!(
+        hold(&holders[0]),
+        (reader_a.clone(), 2, "read".into(), 1003)
+    );
+    assert_eq!(
+        hold(&holders[1]),
+        (reader_b.clone(), 1, "read".into(), 1004)
+    );
+    assert!((1..=10_000).contains(&lease(&holders[0])), "{report}");
+    assert!(lease(&holders[1]) <= 5_000, "{report}");
+    assert!(lease(&holders[1]) < lease(&holders[0]), "{report}");
+    assert_eq!(report["queue"][0]["wants"], "write");
+    let text = ok(&url, &["inspect", "report"]).await;
+    assert!(text.contains("mode     read (2 readers)"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "reader   {reader_a}  hold count 2  token 1003  lease "
+        )),
+        "{text}"
+    );
+    assert!(text.contains("fence    none (read-held"), "{text}");
+    assert!(!text.contains("writer "), "{text}");
+
+    // Reserved for the waiting writer: only the queue's scores say it is a read/write lock.
+    let handoff = ok_json(&url, &["inspect", "handoff", "--json"]).await;
+    assert_eq!(handoff["lock_kind"], "rwlock");
+    assert_eq!(handoff["mode"], Json::Null);
+    assert_eq!(handoff["holders"][0]["owner"], turn.as_str());
+    assert_eq!(handoff["holders"][0]["role"], Json::Null);
+    assert_eq!(handoff["queue"][0]["wants"], "write");
+    let text = ok(&url, &["inspect", "handoff"]).await;
+    assert!(
+        text.contains("reserved for a waiting writer's turn"),
+        "{text}"
+    );
+
+    // The listing: three locks, none of their zsets.
+    let listed = ok_json(&url, &["list", "--json"]).await;
+    let summary: Vec<(&str, &str, &Json, u64)> = listed["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap(),
+                l["lock_kind"].as_str().unwrap(),
+                &l["mode"],
+                l["queued"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let (read, write) = (Json::from("read"), Json::from("write"));
+    assert_eq!(
+        summary,
+        [
+            ("doc", "rwlock", &write, 2),
+            ("handoff", "rwlock", &Json::Null, 1),
+            ("report", "rwlock", &read, 1),
+        ]
+    );
+    assert_eq!(listed["locks"][0]["holders"][1]["role"], "read");
+    let text = ok(&url, &["list"]).await;
+    let doc_row = row(&text, "doc");
+    assert_eq!(doc_row[1..3], ["rwlock", "write"], "{text}");
+    assert!(
+        text.contains(&format!("{writer} x2 (write), {writer} x1 (read)  2")),
+        "{text}"
+    );
+    assert_eq!(row(&text, "report")[1..3], ["rwlock", "read"], "{text}");
+    assert_eq!(row(&text, "handoff")[1..3], ["rwlock", "-"], "{text}");
+    assert!(text.contains("3 locks"), "{text}");
+
+    // watch: a read-held lock's token is its newest reader's.
+    let frame = ok(&url, &["watch", "--once"]).await;
+    let fields = row(&frame, "report");
+    assert_eq!(
+        fields[1..6],
+        ["rwlock", "read", "2", "holds", "3"],
+        "{frame}"
+    );
+    let n = fields.len();
+    assert_eq!(fields[n - 3..], ["1", "1004", "1"], "{frame}");
+    let fields = row(&frame, "doc");
+    assert_eq!(fields[1..3], ["rwlock", "write"], "{frame}");
+    assert_eq!(fields[fields.len() - 2], "1001", "{frame}");
+
+    // unlock --force does not know this layout: it refuses and changes nothing.
+    let refused = leasehold(&url, &["unlock", "--force", "--yes", "doc"]).await;
+    assert_clean_failure(&refused, "read/write lock");
+    assert_eq!(
+        redis
+            .command(&["EXISTS", "leasehold:{doc}", "leasehold:{doc}:leases"])
+            .unwrap()
+            .as_int(),
+        Some(2)
+    );
 }

@@ -1,0 +1,540 @@
+//! Reading the lock kinds' Redis layouts: which kind a lock hash belongs to, its holders, and
+//! the waiters' queue. Shared by `inspect`, `list` (and through it `watch`) and `unlock`.
+//!
+//! For a lock named `N` under prefix `P` (see `leasehold_core::keys`):
+//!
+//! * a plain lock: hash `P:{N}` of owner id -> hold count and `~fence` -> the grant's token (or
+//!   `~turn:<client id>` alone while a release keeps it for a client's turn, or `~expiring`
+//!   after `unlock_after`), and `P:{N}:queue`, the clients with waiters in turn order;
+//! * a fair lock: the same hash (reservations are `~turn:<owner id>`), plus
+//!   `P:{N}:waiters` (owner id -> arrival, server microseconds) and `P:{N}:waiters:until`
+//!   (owner id -> the entry's deadline, server milliseconds) while someone waits. With nobody
+//!   waiting it cannot be told from a plain lock, and is shown as one;
+//! * a read/write lock: hash `P:{N}` with `~mode` -> `r` or `w`; the writer's `~writer` ->
+//!   owner id, `<owner id>` -> write hold count and `~fence` -> its token; per reader
+//!   `~r:<owner id>` -> read hold count and `~rf:<owner id>` -> its token; or `~turn:<owner
+//!   id>` alone while reserved for a waiting writer. `P:{N}:leases` keeps each hold's deadline
+//!   (the writer's owner id, or `~r:<owner id>` -> server milliseconds). Its waiters are in
+//!   `P:{N}:waiters` as the fair lock's, scored arrival * 2 + 1 for a writer and arrival * 2
+//!   for a reader.
+
+use std::collections::HashMap;
+
+use fred::types::Value;
+use leasehold_core::protocol::FENCE_FIELD;
+use serde::Serialize;
+
+// The read/write lock's hash fields (`@MODE@`, `@WRITER@`, `@READ@`, `@READ_FENCE@` in its
+// scripts). TODO: use leasehold_core::protocol's constants once the read/write lock defines
+// them there.
+/// A read/write lock's mode field: `r` or `w`.
+pub const MODE_FIELD: &str = "~mode";
+/// A read/write lock's writer field: the writing owner's id.
+pub const WRITER_FIELD: &str = "~writer";
+/// Prefix of a read hold's count field (`~r:<owner id>`), also its member in `P:{N}:leases`.
+pub const READ_FIELD_PREFIX: &str = "~r:";
+/// Prefix of a read hold's token field (`~rf:<owner id>`).
+pub const READ_FENCE_FIELD_PREFIX: &str = "~rf:";
+
+/// Suffixes of a lock's auxiliary keys: `P:{N}` followed by one of these is not a lock hash.
+/// (`leasehold_core` refuses tagged names ending in most of them; `:leases` is the read/write
+/// lock's.)
+pub const AUXILIARY_SUFFIXES: [&str; 6] = [
+    ":fence",
+    ":released",
+    ":queue",
+    ":waiters",
+    ":waiters:until",
+    ":leases",
+];
+
+/// `P:{N}:leases`: a read/write lock's hold deadlines.
+pub fn leases_key(hash: &str) -> String {
+    format!("{hash}:leases")
+}
+
+/// Which kind of lock a hash belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockKind {
+    /// A plain (reentrant, exclusive) lock; also a fair lock nobody waits for.
+    Lock,
+    /// A fair lock with waiters: they are served in arrival order.
+    Fair,
+    /// A read/write lock.
+    Rwlock,
+}
+
+impl LockKind {
+    /// The kind's name in text output and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockKind::Lock => "lock",
+            LockKind::Fair => "fair",
+            LockKind::Rwlock => "rwlock",
+        }
+    }
+}
+
+/// A read/write lock's side: its mode, a hold's role, or what a waiter waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Shared: readers.
+    Read,
+    /// Exclusive: one writer.
+    Write,
+}
+
+impl Mode {
+    /// `read` or `write`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Read => "read",
+            Mode::Write => "write",
+        }
+    }
+
+    /// `R` or `W`, for a waiter in the queue.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Mode::Read => "R",
+            Mode::Write => "W",
+        }
+    }
+}
+
+/// One owner's holds (or a reservation: a field starting with `~`, hold count 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    /// `<client uuid>:<local id>`; a reservation as its field (`~turn:<id>`, `~expiring`).
+    pub owner: String,
+    /// Nested holds of this owner (of this side, for a read/write lock).
+    pub hold_count: u64,
+    /// `write` or `read` for a read/write lock's holds; `null` for other locks' holders and for
+    /// reservations.
+    pub role: Option<Mode>,
+    /// The fencing token the hold was granted under: the lock's `~fence` for a plain or fair
+    /// lock's holder and a read/write lock's writer, the reader's own `~rf:` token for a
+    /// reader; `null` for a reservation.
+    pub token: Option<u64>,
+    /// Lease left of this hold in milliseconds, for a read/write lock's holds in `inspect`
+    /// (each has its own, in `P:{N}:leases`; negative: it ran out and goes at the lock's next
+    /// call). `null` for other locks, whose holders share the lock's `ttl_ms`, and in `list`,
+    /// which does not read the leases.
+    pub lease_ms: Option<i64>,
+}
+
+/// What a lock hash holds, read with what its auxiliary keys say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashReading {
+    /// The lock's kind.
+    pub kind: LockKind,
+    /// A read/write lock's mode (`~mode`); `None` for other kinds and a reserved one.
+    pub mode: Option<Mode>,
+    /// Holders, writer first, then readers, then reservations; by owner within each.
+    pub holders: Vec<Holder>,
+    /// The `~fence` field: the grant's token (a read/write lock's writer's).
+    pub fence: Option<u64>,
+}
+
+/// The kind that a lock's waiters queue (`P:{N}:waiters`) says, from its first entry's score;
+/// `None` when nobody waits. A read/write lock's scores are twice the arrival time (plus one for
+/// a writer): about twice the server time in microseconds, where a fair lock's are about once.
+/// `now_us` may be any clock near the server's.
+pub fn kind_of_queue(head_score: Option<f64>, now_us: u64) -> Option<LockKind> {
+    let score = head_score?;
+    // Halfway between the two: off only for a waiter that has waited for decades.
+    Some(if score > now_us as f64 * 1.5 {
+        LockKind::Rwlock
+    } else {
+        LockKind::Fair
+    })
+}
+
+/// Reads a lock hash: its kind (from its fields, its read/write lock's leases, or `queued`,
+/// what its waiters queue says), holders and token. `leases` maps `P:{N}:leases` members to the
+/// lease left in milliseconds (empty when not read). `None` when the fields are not a leasehold
+/// lock's (a value that should be a count is not one), or it holds nothing at all.
+pub fn read_hash(
+    fields: &HashMap<String, String>,
+    queued: Option<LockKind>,
+    leases: &HashMap<String, i64>,
+) -> Option<HashReading> {
+    let rw_fields = fields.keys().any(|field| {
+        field == MODE_FIELD
+            || field == WRITER_FIELD
+            || field.starts_with(READ_FIELD_PREFIX)
+            || field.starts_with(READ_FENCE_FIELD_PREFIX)
+    });
+    let kind = if rw_fields || !leases.is_empty() {
+        LockKind::Rwlock
+    } else {
+        queued.unwrap_or(LockKind::Lock)
+    };
+    let fence = fields.get(FENCE_FIELD).and_then(|s| s.parse().ok());
+    let (mode, mut holders) = match kind {
+        LockKind::Rwlock => read_rw_fields(fields, fence, leases)?,
+        LockKind::Lock | LockKind::Fair => (None, holders_of(fields, fence)?),
+    };
+    if holders.is_empty() && mode.is_none() {
+        return None;
+    }
+    holders.sort_by(|a, b| {
+        let rank = |h: &Holder| match h.role {
+            Some(Mode::Write) => 0,
+            Some(Mode::Read) => 1,
+            None => 2,
+        };
+        rank(a).cmp(&rank(b)).then_with(|| a.owner.cmp(&b.owner))
+    });
+    Some(HashReading {
+        kind,
+        mode,
+        holders,
+        fence,
+    })
+}
+
+/// A count field's value: a positive number for an owner, any number for a `~` reservation.
+fn count(field: &str, value: &str) -> Option<u64> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0 || field.starts_with('~'))
+}
+
+/// The holders of a plain or fair lock hash, or `None` when a value is not a hold count (not
+/// our hash). `~fence` is the grant's token, not a holder. Other fields starting with `~` are
+/// reservations, not owners: `~turn:<id>` (the lock is kept for that client's or waiter's turn
+/// for a moment after a release) and `~expiring` (a run-once job's "hold at least" tail); they
+/// are listed as they are.
+fn holders_of(fields: &HashMap<String, String>, fence: Option<u64>) -> Option<Vec<Holder>> {
+    fields
+        .iter()
+        .filter(|(field, _)| field.as_str() != FENCE_FIELD)
+        .map(|(owner, value)| {
+            Some(Holder {
+                owner: owner.clone(),
+                hold_count: count(owner, value)?,
+                role: None,
+                token: if owner.starts_with('~') { None } else { fence },
+                lease_ms: None,
+            })
+        })
+        .collect()
+}
+
+/// A read/write lock hash's mode and holders, or `None` when a value is not what the layout
+/// keeps there.
+fn read_rw_fields(
+    fields: &HashMap<String, String>,
+    fence: Option<u64>,
+    leases: &HashMap<String, i64>,
+) -> Option<(Option<Mode>, Vec<Holder>)> {
+    let mode = match fields.get(MODE_FIELD).map(String::as_str) {
+        None => None,
+        Some("r") => Some(Mode::Read),
+        Some("w") => Some(Mode::Write),
+        Some(_) => return None,
+    };
+    let writer = fields.get(WRITER_FIELD);
+    let mut holders = Vec::new();
+    for (field, value) in fields {
+        if [FENCE_FIELD, MODE_FIELD, WRITER_FIELD].contains(&field.as_str())
+            || field.starts_with(READ_FENCE_FIELD_PREFIX)
+        {
+            continue;
+        }
+        let hold_count = count(field, value)?;
+        let holder = if let Some(reader) = field.strip_prefix(READ_FIELD_PREFIX) {
+            Holder {
+                owner: reader.to_string(),
+                hold_count,
+                role: Some(Mode::Read),
+                token: fields
+                    .get(&format!("{READ_FENCE_FIELD_PREFIX}{reader}"))
+                    .and_then(|t| t.parse().ok()),
+                lease_ms: leases.get(field).copied(),
+            }
+        } else if field.starts_with('~') {
+            Holder {
+                owner: field.clone(),
+                hold_count,
+                role: None,
+                token: None,
+                lease_ms: None,
+            }
+        } else {
+            // An owner's count field is the writer's (one that is not would be a half-written
+            // state: listed without a role).
+            let writing = writer == Some(field);
+            Holder {
+                owner: field.clone(),
+                hold_count,
+                role: writing.then_some(Mode::Write),
+                token: if writing { fence } else { None },
+                lease_ms: leases.get(field).copied(),
+            }
+        };
+        holders.push(holder);
+    }
+    Some((mode, holders))
+}
+
+/// The `(member, score)` pairs of a `ZRANGE ... WITHSCORES` reply, flat (RESP2) or in pairs
+/// (RESP3); members that are not text are skipped.
+pub fn scored(value: &Value) -> Vec<(String, f64)> {
+    let Value::Array(items) = value else {
+        return Vec::new();
+    };
+    if items.iter().all(|item| matches!(item, Value::Array(_))) {
+        items
+            .iter()
+            .filter_map(|pair| match pair {
+                Value::Array(pair) => Some((pair.first()?.as_string()?, pair.get(1)?.as_f64()?)),
+                _ => None,
+            })
+            .collect()
+    } else {
+        items
+            .chunks(2)
+            .filter_map(|pair| Some((pair.first()?.as_string()?, pair.get(1)?.as_f64()?)))
+            .collect()
+    }
+}
+
+/// The members of a `ZRANGE` reply without scores.
+pub fn members(value: &Value) -> Vec<String> {
+    match value {
+        Value::Array(items) => items.iter().filter_map(Value::as_string).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The server time in a `TIME` reply (`[seconds, microseconds]`), in microseconds.
+pub fn time_us(value: &Value) -> Option<u64> {
+    let Value::Array(parts) = value else {
+        return None;
+    };
+    let secs = parts.first()?.as_u64()?;
+    let micros = parts.get(1)?.as_u64()?;
+    secs.checked_mul(1_000_000)?.checked_add(micros)
+}
+
+/// This machine's clock in microseconds since the epoch (for [`kind_of_queue`], which needs it
+/// only roughly).
+pub fn local_time_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// One waiter in a fair or read/write lock's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Waiter {
+    /// The waiting owner, `<client uuid>:<local id>`.
+    pub owner: String,
+    /// `read` or `write` for a read/write lock's waiter; `null` for a fair lock's.
+    pub wants: Option<Mode>,
+    /// How long it has waited, in milliseconds (since it queued, by the server's clock).
+    pub waiting_ms: u64,
+    /// Entry life left in milliseconds (`P:{N}:waiters:until` against the server's clock): its
+    /// client's watchdog keeps renewing it. Negative: it lapsed (the client is gone) and goes at
+    /// the lock's next call. `null`: no deadline recorded.
+    pub entry_ms: Option<i64>,
+}
+
+/// The queue of a fair or read/write lock in order, from its `:waiters` and `:waiters:until`
+/// zsets, at server time `now_us`.
+pub fn queue(
+    kind: LockKind,
+    waiters: &[(String, f64)],
+    until: &[(String, f64)],
+    now_us: u64,
+) -> Vec<Waiter> {
+    let until: HashMap<&str, f64> = until.iter().map(|(m, s)| (m.as_str(), *s)).collect();
+    let now_ms = (now_us / 1_000) as i64;
+    let mut entries: Vec<(f64, Waiter)> = waiters
+        .iter()
+        .map(|(owner, score)| {
+            // Scores below 2^53 are exact in a double.
+            let score_int = *score as u64;
+            let (arrival_us, wants) = match kind {
+                LockKind::Rwlock => (
+                    score_int / 2,
+                    Some(if score_int % 2 == 1 {
+                        Mode::Write
+                    } else {
+                        Mode::Read
+                    }),
+                ),
+                LockKind::Lock | LockKind::Fair => (score_int, None),
+            };
+            let waiter = Waiter {
+                owner: owner.clone(),
+                wants,
+                waiting_ms: now_us.saturating_sub(arrival_us) / 1_000,
+                entry_ms: until.get(owner.as_str()).map(|&ms| ms as i64 - now_ms),
+            };
+            (*score, waiter)
+        })
+        .collect();
+    // ZRANGE's order already; sorted again so the order never rests on the reply's shape.
+    entries.sort_by(|a, b| a.0.total_cmp(&b.0));
+    entries.into_iter().map(|(_, w)| w).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn plain_hashes() {
+        let reading = read_hash(
+            &map(&[("b:t1", "2"), ("~fence", "17")]),
+            None,
+            &HashMap::new(),
+        )
+        .unwrap();
+        assert_eq!(reading.kind, LockKind::Lock);
+        assert_eq!(reading.fence, Some(17));
+        assert_eq!(
+            reading.holders,
+            [Holder {
+                owner: "b:t1".into(),
+                hold_count: 2,
+                role: None,
+                token: Some(17),
+                lease_ms: None,
+            }]
+        );
+        let turn = read_hash(&map(&[("~turn:c", "0")]), None, &HashMap::new()).unwrap();
+        assert_eq!(turn.holders[0].owner, "~turn:c");
+        assert_eq!(turn.holders[0].token, None);
+        assert_eq!(
+            read_hash(&map(&[("field", "hello")]), None, &HashMap::new()),
+            None
+        );
+        assert_eq!(
+            read_hash(&map(&[("x:t1", "0")]), None, &HashMap::new()),
+            None
+        );
+        assert_eq!(read_hash(&HashMap::new(), None, &HashMap::new()), None);
+        let fair = read_hash(
+            &map(&[("b:t1", "1"), ("~fence", "3")]),
+            Some(LockKind::Fair),
+            &HashMap::new(),
+        )
+        .unwrap();
+        assert_eq!(fair.kind, LockKind::Fair);
+    }
+
+    #[test]
+    fn read_write_hashes() {
+        let fields = map(&[
+            ("~mode", "w"),
+            ("~writer", "w:t1"),
+            ("w:t1", "2"),
+            ("~fence", "40"),
+            ("~r:w:t1", "1"),
+            ("~rf:w:t1", "41"),
+            ("~r:a:t2", "3"),
+            ("~rf:a:t2", "39"),
+        ]);
+        let leases = HashMap::from([
+            ("w:t1".to_string(), 1_000),
+            ("~r:w:t1".to_string(), 2_000),
+            ("~r:a:t2".to_string(), -5),
+        ]);
+        let reading = read_hash(&fields, None, &leases).unwrap();
+        assert_eq!(reading.kind, LockKind::Rwlock);
+        assert_eq!(reading.mode, Some(Mode::Write));
+        let summary: Vec<_> = reading
+            .holders
+            .iter()
+            .map(|h| (h.owner.as_str(), h.hold_count, h.role, h.token, h.lease_ms))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("w:t1", 2, Some(Mode::Write), Some(40), Some(1_000)),
+                ("a:t2", 3, Some(Mode::Read), Some(39), Some(-5)),
+                ("w:t1", 1, Some(Mode::Read), Some(41), Some(2_000)),
+            ]
+        );
+        // Reserved for a waiting writer: told apart from a fair lock by the queue's scores.
+        let reserved = read_hash(
+            &map(&[("~turn:w:t1", "0")]),
+            Some(LockKind::Rwlock),
+            &HashMap::new(),
+        )
+        .unwrap();
+        assert_eq!((reserved.kind, reserved.mode), (LockKind::Rwlock, None));
+        assert_eq!(
+            read_hash(&map(&[("~mode", "x")]), None, &HashMap::new()),
+            None
+        );
+        assert_eq!(
+            read_hash(
+                &map(&[("~mode", "r"), ("~r:a", "many")]),
+                None,
+                &HashMap::new()
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn queue_kinds_and_order() {
+        let now_us = 1_764_600_000_000_000;
+        assert_eq!(kind_of_queue(None, now_us), None);
+        assert_eq!(
+            kind_of_queue(Some(now_us as f64 - 5e6), now_us),
+            Some(LockKind::Fair)
+        );
+        assert_eq!(
+            kind_of_queue(Some((2 * (now_us - 5_000_000) + 1) as f64), now_us),
+            Some(LockKind::Rwlock)
+        );
+        let arrival = now_us - 2_000_000;
+        let waiters = [
+            ("r:t2".to_string(), (2 * arrival + 2) as f64),
+            ("w:t1".to_string(), (2 * arrival + 1) as f64),
+        ];
+        let until = [("w:t1".to_string(), (now_us / 1_000 + 500) as f64)];
+        let q = queue(LockKind::Rwlock, &waiters, &until, now_us);
+        assert_eq!(q[0].owner, "w:t1");
+        assert_eq!(q[0].wants, Some(Mode::Write));
+        assert_eq!(q[0].waiting_ms, 2_000);
+        assert_eq!(q[0].entry_ms, Some(500));
+        assert_eq!(q[1].wants, Some(Mode::Read));
+        assert_eq!(q[1].entry_ms, None);
+    }
+
+    #[test]
+    fn zset_replies() {
+        let flat = Value::Array(vec![
+            Value::from("a"),
+            Value::from("1.5"),
+            Value::from("b"),
+            Value::from(2_i64),
+        ]);
+        assert_eq!(scored(&flat), [("a".into(), 1.5), ("b".into(), 2.0)]);
+        let pairs = Value::Array(vec![Value::Array(vec![
+            Value::from("a"),
+            Value::Double(3.0),
+        ])]);
+        assert_eq!(scored(&pairs), [("a".into(), 3.0)]);
+        assert_eq!(scored(&Value::Null), []);
+        let time = Value::Array(vec![Value::from("1764600000"), Value::from("42")]);
+        assert_eq!(time_us(&time), Some(1_764_600_000_000_042));
+    }
+}
