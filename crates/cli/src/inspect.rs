@@ -21,7 +21,7 @@ use leasehold_core::protocol::FENCE_FIELD;
 use serde::Serialize;
 
 use crate::connect::connect;
-use crate::layout::{self, LockKind, Mode, Waiter};
+use crate::layout::{self, Kind, Mode, Waiter};
 use crate::render;
 
 pub use crate::layout::Holder;
@@ -40,7 +40,7 @@ pub struct LockState {
     /// Which lock: `lock` (plain; also a fair lock nobody waits for, which looks the same),
     /// `fair` (a fair lock with waiters) or `rwlock` (a read/write lock); `null` unless `kind`
     /// is `reentrant`.
-    pub lock_kind: Option<LockKind>,
+    pub lock_kind: Option<Kind>,
     /// A read/write lock's mode, `read` or `write`; `null` for other kinds, and for a
     /// read/write lock reserved for a waiting writer's turn (no holds).
     pub mode: Option<Mode>,
@@ -89,11 +89,8 @@ pub async fn run(url: &str, prefix: &str, name: &str, json: bool) -> anyhow::Res
 pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState> {
     let pipeline = redis.pipeline();
     let redis_error = LockError::from_redis;
-    let (waiters_key, until_key, leases_key) = (
-        keys.waiters(),
-        keys.waiters_until(),
-        layout::leases_key(keys.hash()),
-    );
+    let (waiters_key, until_key, leases_key) =
+        (keys.waiters(), keys.waiters_until(), keys.leases());
     // Queuing in a pipeline sends nothing and cannot fail on the wire.
     let _: () = pipeline.r#type(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline.hgetall(keys.hash()).await.map_err(redis_error)?;
@@ -168,7 +165,7 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         .as_ref()
         .map(|r| r.kind)
         .or(queued_kind)
-        .unwrap_or(LockKind::Fair);
+        .unwrap_or(Kind::Fair);
     let queue = layout::queue(queue_kind, &line, &until, now_us);
     Ok(LockState {
         name: keys.name().to_string(),
@@ -209,15 +206,15 @@ pub fn describe(state: &LockState) -> String {
     ];
     let kind = match (state.kind.as_str(), state.lock_kind) {
         ("none", _) => "none (not locked)".to_string(),
-        ("reentrant", Some(LockKind::Fair)) => {
+        ("reentrant", Some(Kind::Fair)) => {
             "fair (reentrant; waiters are served in arrival order)".to_string()
         }
-        ("reentrant", Some(LockKind::Rwlock)) => "rwlock (reentrant read/write lock)".to_string(),
+        ("reentrant", Some(Kind::Rwlock)) => "rwlock (reentrant read/write lock)".to_string(),
         ("reentrant", _) => "lock (reentrant)".to_string(),
         (other, _) => format!("{other} (not a leasehold lock: left alone)"),
     };
     rows.push(vec!["kind".into(), kind]);
-    if state.lock_kind == Some(LockKind::Rwlock) {
+    if state.lock_kind == Some(Kind::Rwlock) {
         let readers = state
             .holders
             .iter()
@@ -248,7 +245,7 @@ pub fn describe(state: &LockState) -> String {
         rows.push(vec!["lease".into(), lease]);
     }
     let fence = match state.fence {
-        Some(token) if state.lock_kind == Some(LockKind::Rwlock) => {
+        Some(token) if state.lock_kind == Some(Kind::Rwlock) => {
             format!("{token} (the writer's token; the next grant gets more)")
         }
         Some(token) => format!("{token} (this grant's token; the next grant gets more)"),
@@ -367,7 +364,7 @@ mod tests {
         assert_eq!(numsub_count(&Value::Null), 0);
     }
 
-    fn state(lock_kind: LockKind, mode: Option<Mode>, holders: Vec<Holder>) -> LockState {
+    fn state(lock_kind: Kind, mode: Option<Mode>, holders: Vec<Holder>) -> LockState {
         LockState {
             name: "docs".into(),
             key: "leasehold:{docs}".into(),
@@ -394,7 +391,7 @@ mod tests {
             lease_ms: Some(lease_ms),
         };
         let mut s = state(
-            LockKind::Rwlock,
+            Kind::Rwlock,
             Some(Mode::Read),
             vec![reader("a:t1", 12_000), reader("b:t2", -200)],
         );
@@ -422,7 +419,7 @@ mod tests {
     #[test]
     fn plain_lock_text_keeps_its_rows() {
         let mut s = state(
-            LockKind::Lock,
+            Kind::Lock,
             None,
             vec![Holder {
                 owner: "a:t1".into(),

@@ -21,23 +21,13 @@
 use std::collections::HashMap;
 
 use fred::types::Value;
-use leasehold_core::protocol::FENCE_FIELD;
+use leasehold_core::protocol::{
+    FENCE_FIELD, MODE_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, WRITER_FIELD,
+};
 use serde::Serialize;
 
-// The read/write lock's hash fields (`@MODE@`, `@WRITER@`, `@READ@`, `@READ_FENCE@` in its
-// scripts). TODO: use leasehold_core::protocol's constants once the read/write lock defines
-// them there.
-/// A read/write lock's mode field: `r` or `w`.
-pub const MODE_FIELD: &str = "~mode";
-/// A read/write lock's writer field: the writing owner's id.
-pub const WRITER_FIELD: &str = "~writer";
-/// Prefix of a read hold's count field (`~r:<owner id>`), also its member in `P:{N}:leases`.
-pub const READ_FIELD_PREFIX: &str = "~r:";
-/// Prefix of a read hold's token field (`~rf:<owner id>`).
-pub const READ_FENCE_FIELD_PREFIX: &str = "~rf:";
-
 /// Suffixes of a lock's auxiliary keys: `P:{N}` followed by one of these is not a lock hash.
-/// (`leasehold_core` refuses tagged names ending in most of them; `:leases` is the read/write
+/// (`leasehold_core` refuses tagged names ending in all of them but `:leases`, the read/write
 /// lock's.)
 pub const AUXILIARY_SUFFIXES: [&str; 6] = [
     ":fence",
@@ -48,15 +38,11 @@ pub const AUXILIARY_SUFFIXES: [&str; 6] = [
     ":leases",
 ];
 
-/// `P:{N}:leases`: a read/write lock's hold deadlines.
-pub fn leases_key(hash: &str) -> String {
-    format!("{hash}:leases")
-}
-
-/// Which kind of lock a hash belongs to.
+/// Which kind of lock a hash belongs to, as the CLI shows it (`leasehold_core::LockKind` is a
+/// handle's kind, with a read/write lock's two sides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum LockKind {
+pub enum Kind {
     /// A plain (reentrant, exclusive) lock; also a fair lock nobody waits for.
     Lock,
     /// A fair lock with waiters: they are served in arrival order.
@@ -65,13 +51,13 @@ pub enum LockKind {
     Rwlock,
 }
 
-impl LockKind {
+impl Kind {
     /// The kind's name in text output and JSON.
     pub fn as_str(self) -> &'static str {
         match self {
-            LockKind::Lock => "lock",
-            LockKind::Fair => "fair",
-            LockKind::Rwlock => "rwlock",
+            Kind::Lock => "lock",
+            Kind::Fair => "fair",
+            Kind::Rwlock => "rwlock",
         }
     }
 }
@@ -129,7 +115,7 @@ pub struct Holder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HashReading {
     /// The lock's kind.
-    pub kind: LockKind,
+    pub kind: Kind,
     /// A read/write lock's mode (`~mode`); `None` for other kinds and a reserved one.
     pub mode: Option<Mode>,
     /// Holders, writer first, then readers, then reservations; by owner within each.
@@ -142,13 +128,13 @@ pub struct HashReading {
 /// `None` when nobody waits. A read/write lock's scores are twice the arrival time (plus one for
 /// a writer): about twice the server time in microseconds, where a fair lock's are about once.
 /// `now_us` may be any clock near the server's.
-pub fn kind_of_queue(head_score: Option<f64>, now_us: u64) -> Option<LockKind> {
+pub fn kind_of_queue(head_score: Option<f64>, now_us: u64) -> Option<Kind> {
     let score = head_score?;
     // Halfway between the two: off only for a waiter that has waited for decades.
     Some(if score > now_us as f64 * 1.5 {
-        LockKind::Rwlock
+        Kind::Rwlock
     } else {
-        LockKind::Fair
+        Kind::Fair
     })
 }
 
@@ -158,7 +144,7 @@ pub fn kind_of_queue(head_score: Option<f64>, now_us: u64) -> Option<LockKind> {
 /// lock's (a value that should be a count is not one), or it holds nothing at all.
 pub fn read_hash(
     fields: &HashMap<String, String>,
-    queued: Option<LockKind>,
+    queued: Option<Kind>,
     leases: &HashMap<String, i64>,
 ) -> Option<HashReading> {
     let rw_fields = fields.keys().any(|field| {
@@ -168,14 +154,14 @@ pub fn read_hash(
             || field.starts_with(READ_FENCE_FIELD_PREFIX)
     });
     let kind = if rw_fields || !leases.is_empty() {
-        LockKind::Rwlock
+        Kind::Rwlock
     } else {
-        queued.unwrap_or(LockKind::Lock)
+        queued.unwrap_or(Kind::Lock)
     };
     let fence = fields.get(FENCE_FIELD).and_then(|s| s.parse().ok());
     let (mode, mut holders) = match kind {
-        LockKind::Rwlock => read_rw_fields(fields, fence, leases)?,
-        LockKind::Lock | LockKind::Fair => (None, holders_of(fields, fence)?),
+        Kind::Rwlock => read_rw_fields(fields, fence, leases)?,
+        Kind::Lock | Kind::Fair => (None, holders_of(fields, fence)?),
     };
     if holders.is_empty() && mode.is_none() {
         return None;
@@ -348,7 +334,7 @@ pub struct Waiter {
 /// The queue of a fair or read/write lock in order, from its `:waiters` and `:waiters:until`
 /// zsets, at server time `now_us`.
 pub fn queue(
-    kind: LockKind,
+    kind: Kind,
     waiters: &[(String, f64)],
     until: &[(String, f64)],
     now_us: u64,
@@ -361,7 +347,7 @@ pub fn queue(
             // Scores below 2^53 are exact in a double.
             let score_int = *score as u64;
             let (arrival_us, wants) = match kind {
-                LockKind::Rwlock => (
+                Kind::Rwlock => (
                     score_int / 2,
                     Some(if score_int % 2 == 1 {
                         Mode::Write
@@ -369,7 +355,7 @@ pub fn queue(
                         Mode::Read
                     }),
                 ),
-                LockKind::Lock | LockKind::Fair => (score_int, None),
+                Kind::Lock | Kind::Fair => (score_int, None),
             };
             let waiter = Waiter {
                 owner: owner.clone(),
@@ -404,7 +390,7 @@ mod tests {
             &HashMap::new(),
         )
         .unwrap();
-        assert_eq!(reading.kind, LockKind::Lock);
+        assert_eq!(reading.kind, Kind::Lock);
         assert_eq!(reading.fence, Some(17));
         assert_eq!(
             reading.holders,
@@ -430,11 +416,11 @@ mod tests {
         assert_eq!(read_hash(&HashMap::new(), None, &HashMap::new()), None);
         let fair = read_hash(
             &map(&[("b:t1", "1"), ("~fence", "3")]),
-            Some(LockKind::Fair),
+            Some(Kind::Fair),
             &HashMap::new(),
         )
         .unwrap();
-        assert_eq!(fair.kind, LockKind::Fair);
+        assert_eq!(fair.kind, Kind::Fair);
     }
 
     #[test]
@@ -455,7 +441,7 @@ mod tests {
             ("~r:a:t2".to_string(), -5),
         ]);
         let reading = read_hash(&fields, None, &leases).unwrap();
-        assert_eq!(reading.kind, LockKind::Rwlock);
+        assert_eq!(reading.kind, Kind::Rwlock);
         assert_eq!(reading.mode, Some(Mode::Write));
         let summary: Vec<_> = reading
             .holders
@@ -473,11 +459,11 @@ mod tests {
         // Reserved for a waiting writer: told apart from a fair lock by the queue's scores.
         let reserved = read_hash(
             &map(&[("~turn:w:t1", "0")]),
-            Some(LockKind::Rwlock),
+            Some(Kind::Rwlock),
             &HashMap::new(),
         )
         .unwrap();
-        assert_eq!((reserved.kind, reserved.mode), (LockKind::Rwlock, None));
+        assert_eq!((reserved.kind, reserved.mode), (Kind::Rwlock, None));
         assert_eq!(
             read_hash(&map(&[("~mode", "x")]), None, &HashMap::new()),
             None
@@ -498,11 +484,11 @@ mod tests {
         assert_eq!(kind_of_queue(None, now_us), None);
         assert_eq!(
             kind_of_queue(Some(now_us as f64 - 5e6), now_us),
-            Some(LockKind::Fair)
+            Some(Kind::Fair)
         );
         assert_eq!(
             kind_of_queue(Some((2 * (now_us - 5_000_000) + 1) as f64), now_us),
-            Some(LockKind::Rwlock)
+            Some(Kind::Rwlock)
         );
         let arrival = now_us - 2_000_000;
         let waiters = [
@@ -510,7 +496,7 @@ mod tests {
             ("w:t1".to_string(), (2 * arrival + 1) as f64),
         ];
         let until = [("w:t1".to_string(), (now_us / 1_000 + 500) as f64)];
-        let q = queue(LockKind::Rwlock, &waiters, &until, now_us);
+        let q = queue(Kind::Rwlock, &waiters, &until, now_us);
         assert_eq!(q[0].owner, "w:t1");
         assert_eq!(q[0].wants, Some(Mode::Write));
         assert_eq!(q[0].waiting_ms, 2_000);

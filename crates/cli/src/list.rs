@@ -18,7 +18,7 @@ use leasehold_core::Prefix;
 use serde::Serialize;
 
 use crate::connect::connect;
-use crate::layout::{self, Holder, LockKind, Mode};
+use crate::layout::{self, Holder, Kind, Mode};
 use crate::{glob, render};
 
 /// Keys asked for per SCAN page, and locks read per pipelined round trip.
@@ -41,7 +41,7 @@ pub struct ListedLock {
     pub ttl_ms: Option<u64>,
     /// `lock`, `fair` or `rwlock`, as in `inspect --json` (a fair lock nobody waits for is a
     /// `lock`).
-    pub lock_kind: LockKind,
+    pub lock_kind: Kind,
     /// A read/write lock's mode, `read` or `write`; `null` otherwise.
     pub mode: Option<Mode>,
     /// The current grant's fencing token (`~fence`; a read/write lock's writer's); `null`

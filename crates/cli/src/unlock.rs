@@ -14,7 +14,6 @@ use serde::Serialize;
 
 use crate::connect::connect;
 use crate::inspect::{self, Holder};
-use crate::layout::LockKind;
 use crate::render;
 
 /// How the force-unlock was (or will be) confirmed.
@@ -69,15 +68,6 @@ pub async fn run(
             state.kind.trim_start_matches("foreign:")
         );
     }
-    if state.lock_kind == Some(LockKind::Rwlock) {
-        // The library's force unlock deletes the hash and hands the lock to the first waiter
-        // as an exclusive lock's: a read/write lock's leases (`P:{N}:leases`) would stay behind
-        // and still count as holds, and a reader at the head would get a writer's turn.
-        bail!(
-            "{name:?} is a read/write lock: unlock --force does not handle read/write locks \
-             yet; nothing was changed (inspect {name:?} shows its holders and their leases)"
-        );
-    }
     if state.is_locked() && confirmation == Confirmation::Ask {
         let typed = ask(&state).await?;
         if typed != name {
@@ -86,7 +76,7 @@ pub async fn run(
         // The operator confirmed what was shown; if the lock changed hands while they typed,
         // they did not confirm removing the new holder.
         let now = inspect::fetch(client.redis(), lock.keys()).await?;
-        if now.fence != state.fence {
+        if grants(&now) != grants(&state) {
             bail!(
                 "aborted: {name:?} changed hands while you confirmed (now {}); nothing was \
                  changed, run the command again",
@@ -111,7 +101,7 @@ pub async fn run(
         let holders = state
             .holders
             .iter()
-            .map(|h| format!("{} (hold count {})", h.owner, h.hold_count))
+            .map(holder_text)
             .collect::<Vec<_>>()
             .join(", ");
         println!("force-unlocked {name:?}: it was held by {holders}; its waiters were woken");
@@ -121,14 +111,38 @@ pub async fn run(
     Ok(())
 }
 
+/// The grants a lock is held under: each holder and the token it holds by (a plain or fair
+/// lock's one grant, a read/write lock's writer and each reader; a reservation). A change means
+/// the lock changed hands; a hold count that changed (a re-entry) does not.
+fn grants(state: &inspect::LockState) -> Vec<(&str, Option<&'static str>, Option<u64>)> {
+    let mut grants: Vec<_> = state
+        .holders
+        .iter()
+        .map(|h| (h.owner.as_str(), h.role.map(|r| r.as_str()), h.token))
+        .collect();
+    grants.sort_unstable();
+    grants.push(("~fence", None, state.fence));
+    grants
+}
+
+/// `OWNER (hold count N)`, with a read/write lock's side: `OWNER (write hold count N)`.
+fn holder_text(holder: &Holder) -> String {
+    match holder.role {
+        Some(role) => format!(
+            "{} ({} hold count {})",
+            holder.owner,
+            role.as_str(),
+            holder.hold_count
+        ),
+        None => format!("{} (hold count {})", holder.owner, holder.hold_count),
+    }
+}
+
 /// Shows who holds the lock and reads the confirmation from the terminal.
 async fn ask(state: &inspect::LockState) -> anyhow::Result<String> {
     let mut prompt = format!("lock {:?} (key {}) is held by\n", state.name, state.key);
     for holder in &state.holders {
-        prompt.push_str(&format!(
-            "  {} (hold count {})\n",
-            holder.owner, holder.hold_count
-        ));
+        prompt.push_str(&format!("  {}\n", holder_text(holder)));
     }
     if let Some(ms) = state.ttl_ms {
         prompt.push_str(&format!(

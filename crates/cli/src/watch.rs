@@ -17,7 +17,7 @@ use fred::clients::Client;
 use leasehold_core::Prefix;
 
 use crate::connect::connect;
-use crate::layout::{LockKind, Mode};
+use crate::layout::{Kind, Mode};
 use crate::list::{list, mode_cell, ListedLock};
 use crate::render;
 
@@ -109,8 +109,8 @@ pub fn describe(prefix: &str, pattern: &str, locks: &[WatchedLock]) -> String {
             [one] => (one.owner.clone(), one.hold_count.to_string()),
             many => (
                 match lock.lock_kind {
-                    LockKind::Rwlock => format!("{} holds", many.len()),
-                    LockKind::Lock | LockKind::Fair => format!("{} owners", many.len()),
+                    Kind::Rwlock => format!("{} holds", many.len()),
+                    Kind::Lock | Kind::Fair => format!("{} owners", many.len()),
                 },
                 many.iter().map(|h| h.hold_count).sum::<u64>().to_string(),
             ),
