@@ -1211,3 +1211,144 @@ async fn defect13_a_waiter_does_not_sleep_on_a_previous_holders_longer_lease() {
     );
     b_task.abort();
 }
+
+/// A waiter sleeps on the holder's lease; the holder lets its last hold end early with
+/// `unlock_after` (a short tail). The lock is free when the tail ends; the waiter must notice
+/// within the free-lock bound, not at the end of the old lease.
+///
+/// Failed before the fix: the waiter got the lock only when the holder's 30 s lease would have
+/// ended (`try_lock_for(10 s)` returned `None`): the release-after script told nobody. Found
+/// while documenting the fair lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect14_a_waiter_does_not_sleep_past_an_unlock_after_tail() {
+    let redis = server();
+    let (a, w) = (client(&redis.url()).await, client(&redis.url()).await);
+    let held = a.lock("tail").unwrap();
+    let guard = held.lock().await.unwrap(); // watched: a 30 s lease
+    let waiter = {
+        let lock = w.lock("tail").unwrap();
+        tokio::spawn(async move {
+            let guard = lock.try_lock_for(Duration::from_secs(10)).await.unwrap();
+            guard.map(|g| g.fencing_token())
+        })
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), || w.waiters() == 1
+            && zcard(&redis, "leasehold:{tail}:queue") == 1)
+        .await,
+        "the waiter queued"
+    );
+    let tail_from = Instant::now();
+    guard
+        .unlock_after(Duration::from_millis(300))
+        .await
+        .unwrap();
+    let token = waiter.await.unwrap();
+    let waited = tail_from.elapsed();
+    assert!(token.is_some());
+    // The tail, then the free-lock bound (generous here); the defect waited for the end of the
+    // old 30 s lease, or here the waiter's own 10 s deadline (its last try).
+    assert!(
+        waited < Duration::from_secs(5),
+        "the waiter slept past the tail: got the lock {waited:?} after unlock_after"
+    );
+}
+
+/// A fair lock's waiter behind a waiter that died: the holder (an explicit 20 s lease)
+/// releases early and the turn is reserved for the dead head. The waiter behind must get the
+/// lock once the dead head's entry lapses (one watchdog lease after its last renewal), not at
+/// the end of the holder's old lease.
+///
+/// Failed before the fix: the waiter got the lock 20 s after the grant, when the holder's
+/// lease would have ended: its busy bound was that lease, and nobody told it when the dead
+/// head's reservation ran out. Found while documenting the fair lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect15_a_fair_waiter_behind_a_dead_one_does_not_sleep_on_the_old_lease() {
+    let redis = server();
+    let lease = Duration::from_millis(1500);
+    let a = common::client_with_lease(&redis.url(), lease).await;
+    let c = common::client_with_lease(&redis.url(), lease).await;
+    let lock = a.fair_lock("dead-head").unwrap();
+    let waiters = lock.keys().waiters();
+    let guard = lock.lock_with_lease(Duration::from_secs(20)).await.unwrap();
+    let child = common::spawn_fair_waiter(&redis, "dead-head", lease);
+    assert!(common::eventually(Duration::from_secs(20), || zcard(&redis, &waiters) == 1).await);
+    let behind = {
+        let lock = c.fair_lock("dead-head").unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(10))
+                .await
+                .unwrap()
+                .map(|g| g.fencing_token())
+        })
+    };
+    assert!(common::eventually(Duration::from_secs(20), || zcard(&redis, &waiters) == 2).await);
+    child.kill().unwrap();
+    let released = Instant::now();
+    guard.unlock().await.unwrap();
+    let token = behind.await.unwrap();
+    let waited = released.elapsed();
+    assert!(token.is_some());
+    // The dead head's entry lapses within one lease (1.5 s) of its last renewal; generous
+    // slack. The defect slept until the waiter's own 10 s deadline (the holder's lease: 20 s).
+    assert!(
+        waited < lease + Duration::from_secs(3),
+        "the waiter behind the dead head got the lock {waited:?} after the release"
+    );
+}
+
+/// Two fair-lock clients with different watchdog leases: the one with the short lease gives up
+/// its wait. The one with the long lease must keep its place (its entry must not expire with
+/// the queue's key, whose TTL the short-lease client set).
+///
+/// Failed before the fix: every write of the queue set its TTL to the writer's lease + 1 s,
+/// also shortening it; the queue keys expired 2 s after B left, taking A's entry with them, and
+/// a later waiter C was served before A. Found while documenting the fair lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect16_a_short_lease_client_does_not_expire_a_long_lease_clients_place() {
+    let redis = server();
+    let url = redis.url();
+    let holder = client(&url).await;
+    let a = common::client_with_lease(&url, Duration::from_secs(30)).await;
+    let b = common::client_with_lease(&url, Duration::from_secs(1)).await;
+    let c = client(&url).await;
+    let lock = holder.fair_lock("mixed").unwrap();
+    let waiters = lock.keys().waiters();
+    let guard = lock.lock_with_lease(Duration::from_secs(60)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |client: &LockClient, who: &'static str| {
+        let lock = client.fair_lock("mixed").unwrap();
+        let order = order.clone();
+        tokio::spawn(async move {
+            let guard = lock.try_lock_for(Duration::from_secs(20)).await.unwrap();
+            if let Some(guard) = guard {
+                order.lock().push(who);
+                guard.unlock().await.unwrap();
+            }
+        })
+    };
+    let first = spawn(&a, "a");
+    assert!(common::eventually(Duration::from_secs(10), || zcard(&redis, &waiters) == 1).await);
+    // B queues behind A with its short lease, and gives up.
+    assert!(b
+        .fair_lock("mixed")
+        .unwrap()
+        .try_lock_for(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(common::eventually(Duration::from_secs(10), || zcard(&redis, &waiters) == 1).await);
+    // Past the short lease's TTL on the queue keys.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = spawn(&c, "c");
+    assert!(common::eventually(Duration::from_secs(10), || zcard(&redis, &waiters) == 2).await);
+    guard.unlock().await.unwrap();
+    first.await.unwrap();
+    later.await.unwrap();
+    assert_eq!(*order.lock(), vec!["a", "c"]);
+}
+
+#[test]
+fn child_holder_entry_point() {
+    common::run_child_holder_if_asked();
+}

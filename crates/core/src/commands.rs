@@ -413,17 +413,21 @@ pub async fn release<C: LuaInterface + Send + Sync>(
                 .await
         }
         ReleaseKind::After(after_ms) => {
+            let (waiters, prefix) = (keys.waiters(), keys.waiter_channel_prefix());
             scripts
                 .release_after
                 .call(client, || {
-                    let mut args = Vec::with_capacity(4);
-                    args.push(Value::from(hold.owner.id_str().clone()));
-                    args.push(Value::from(after_ms as i64));
-                    args.push(token_arg(token));
-                    if let Some(expected) = expected {
-                        args.push(Value::from(expected as i64));
-                    }
-                    (Key::from(keys.hash_str()).into(), Value::Array(args))
+                    (
+                        vec![Key::from(keys.hash_str()), Key::from(waiters.as_str())].into(),
+                        Value::Array(vec![
+                            Value::from(hold.owner.id_str().clone()),
+                            Value::from(after_ms as i64),
+                            token_arg(token),
+                            expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
+                            Value::from(keys.released_str()),
+                            Value::from(prefix.as_str()),
+                        ]),
+                    )
                 })
                 .await
         }

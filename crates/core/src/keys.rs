@@ -400,12 +400,13 @@ impl LockKeys {
 /// another lock's key (`{a}:queue` is lock `a`'s turn queue, `{a}:waiters` its fair queue), so
 /// such names are refused.
 /// `:fence` is the per-slot fencing counters' suffix.
-const RESERVED_SUFFIXES: [&str; 5] = [
+const RESERVED_SUFFIXES: [&str; 6] = [
     ":fence",
     ":released",
     ":queue",
     ":waiters",
     ":waiters:until",
+    ":leases",
 ];
 
 /// The tag Redis Cluster would hash `name` by: the bytes between the first `{` and the first
@@ -454,6 +455,8 @@ mod tests {
             "a\nb",
             "{a}:fence",
             "{a}:queue",
+            "{a}:waiters",
+            "{a}:leases",
         ] {
             assert!(
                 matches!(LockKeys::new(&p, bad), Err(LockError::InvalidArgument(_))),

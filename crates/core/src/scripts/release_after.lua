@@ -2,12 +2,20 @@
 -- "lock at least for"), or settle such a call whose reply never came.
 --
 -- KEYS[1]  lock hash  P:{N}
+-- KEYS[2]  a fair lock's waiters  P:{N}:waiters
 -- ARGV[1]  owner id
 -- ARGV[2]  milliseconds until the lock ends
 -- ARGV[3]  the token of the grant the hold must belong to; '' when the client knows the owner's
 --          grant is that one
--- ARGV[4]  absent normally; to settle an unanswered call: the hold count the owner has if it
---          did not run. The call is applied only then.
+-- ARGV[4]  '' normally; to settle an unanswered call: the hold count the owner has if it did
+--          not run. The call is applied only then.
+-- ARGV[5]  release channel  P:{N}:released
+-- ARGV[6]  a fair lock's waiter channel prefix  P:{N}:released:
+--
+-- Waiters sleep on the lease they last saw, which the tail may cut short: they are told. The
+-- release channel hears '@TAKEN@<ms>' (as when a turn is taken: "busy for at most this long"),
+-- so every waiter shortens its timer; a fair lock's first waiter is woken on its own channel
+-- and finds the same.
 --
 -- Replies:
 --   remaining       remaining > 0: a re-entered hold was released as usual (the owner's outer
@@ -31,7 +39,7 @@ local count = fields[1]
 if not count or (ARGV[3] ~= '' and fields[2] ~= ARGV[3]) then
   return -1
 end
-if ARGV[4] and count ~= ARGV[4] then
+if ARGV[4] ~= '' and count ~= ARGV[4] then
   return -2
 end
 if count ~= '1' then
@@ -40,4 +48,11 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], '@EXPIRING@', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[5], '@TAKEN@' .. ARGV[2])
+if redis.call('TYPE', KEYS[2])['ok'] == 'zset' then
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if head then
+    redis.call('PUBLISH', ARGV[6] .. head, '@FREE@')
+  end
+end
 return 0

@@ -16,7 +16,8 @@
 --
 -- A renewal only ever extends: the same owner may have re-entered with a longer explicit lease
 -- (lock_with_lease), and that hold's guard counts on its full lease (as acquire.lua does). A
--- queue entry's deadline becomes server time + the lease, and its zsets outlive it by a second.
+-- queue entry's deadline becomes server time + the lease, and its zsets outlive it by a second
+-- (their TTL is only ever lengthened: other clients' entries may have longer leases).
 local lease = tonumber(ARGV[1])
 local renewed = {}
 local k = 1
@@ -31,8 +32,11 @@ for i = 1, (#ARGV - 1) / 2 do
         now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       end
       redis.call('ZADD', KEYS[k + 1], now_ms + lease, owner)
-      redis.call('PEXPIRE', KEYS[k], lease + 1000)
-      redis.call('PEXPIRE', KEYS[k + 1], lease + 1000)
+      for j = k, k + 1 do
+        if redis.call('PTTL', KEYS[j]) < lease + 1000 then
+          redis.call('PEXPIRE', KEYS[j], lease + 1000)
+        end
+      end
       renewed[i] = 1
     else
       renewed[i] = 0

@@ -123,7 +123,18 @@ if mode == 'w' then
   local life = tonumber(ARGV[6])
   redis.call('ZADD', KEYS[4], now_ms + life, owner)
   -- The zsets outlive their newest entry by a second: when every waiter is gone, they go too.
-  redis.call('PEXPIRE', KEYS[3], life + 1000)
-  redis.call('PEXPIRE', KEYS[4], life + 1000)
+  -- Only ever lengthened: another client's entries may live longer (a longer lease).
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < life + 1000 then
+      redis.call('PEXPIRE', KEYS[i], life + 1000)
+    end
+  end
+end
+-- The bound also covers a waiter that dies ahead of this one: its entry lapses at its
+-- deadline, and nobody is told, so this waiter looks again then (a turn reserved for a dead
+-- head lasts no longer than its entry).
+local first_entry = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+if first_entry and (pttl < 0 or tonumber(first_entry) - now_ms < pttl) then
+  pttl = math.max(tonumber(first_entry) - now_ms, 1)
 end
 return {0, pttl}

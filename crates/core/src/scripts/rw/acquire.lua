@@ -152,8 +152,12 @@ if mode == 'w' then
   end
   local life = tonumber(ARGV[6])
   redis.call('ZADD', KEYS[4], now_ms + life, owner)
-  redis.call('PEXPIRE', KEYS[3], life + 1000)
-  redis.call('PEXPIRE', KEYS[4], life + 1000)
+  -- Only ever lengthened: another client's entries may live longer (a longer lease).
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < life + 1000 then
+      redis.call('PEXPIRE', KEYS[i], life + 1000)
+    end
+  end
 end
 
 -- How long this stays so at most without a message to this waiter: until the first hold's
