@@ -1,5 +1,6 @@
 //! Contended handoff: W workers take one lock in turn, hold it ~1 ms, release, and ask again at
-//! once. Compared with two polling locks written here: SET NX PX + a fixed sleep of 100 ms
+//! once, with the plain lock and with the fair lock. Compared with two polling locks written
+//! here: SET NX PX + a fixed sleep of 100 ms
 //! (redis-py's Lock default) and of 10 ms (npm redis-semaphore).
 //!
 //! Two layouts ([`Layout`]): `handoff` spreads the workers over 4 clients (several waiters per
@@ -66,6 +67,9 @@ async fn hold(layout: Layout) -> anyhow::Result<()> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Leasehold,
+    /// leasehold's fair lock (`client.fair_lock`): strict arrival order, each waiter woken
+    /// alone on its own channel.
+    Fair,
     /// SET NX PX, and on failure sleep this long before retrying.
     Polling(Duration),
 }
@@ -137,7 +141,9 @@ pub(crate) async fn run(
         let release = release.clone();
         handles.push(tokio::spawn(async move {
             match kind {
-                Kind::Leasehold => leasehold_worker(client, layout, worker, end, record).await,
+                Kind::Leasehold | Kind::Fair => {
+                    leasehold_worker(client, layout, kind, worker, end, record).await
+                }
                 Kind::Polling(sleep) => {
                     polling_worker(client, layout, worker, end, sleep, release, record).await
                 }
@@ -149,7 +155,7 @@ pub(crate) async fn run(
     let window_start = Instant::now();
     tokio::time::sleep_until(end - warm_up(duration)).await;
     let commands = match kind {
-        Kind::Leasehold => LEASEHOLD_COMMANDS,
+        Kind::Leasehold | Kind::Fair => LEASEHOLD_COMMANDS,
         Kind::Polling(_) => POLLING_COMMANDS,
     };
     let round_trips = admin.calls(commands).await?;
@@ -198,11 +204,16 @@ pub(crate) async fn run(
 async fn leasehold_worker(
     client: LockClient,
     layout: Layout,
+    kind: Kind,
     worker: usize,
     end: Instant,
     record: Arc<Mutex<Record>>,
 ) -> anyhow::Result<()> {
-    let lock = client.lock(NAME)?;
+    let lock = if kind == Kind::Fair {
+        client.fair_lock(NAME)?
+    } else {
+        client.lock(NAME)?
+    };
     loop {
         let asked = Instant::now();
         if asked >= end {

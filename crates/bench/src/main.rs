@@ -158,6 +158,7 @@ fn main() -> anyhow::Result<()> {
             }
             for kind in [
                 handoff::Kind::Leasehold,
+                handoff::Kind::Fair,
                 handoff::Kind::Polling(Duration::from_millis(100)),
                 handoff::Kind::Polling(Duration::from_millis(10)),
             ] {

@@ -15,7 +15,9 @@ pub(crate) struct Results {
     pub(crate) handoff: Option<Handoff>,
     pub(crate) handoff_polling_100ms: Option<Handoff>,
     pub(crate) handoff_polling_10ms: Option<Handoff>,
+    pub(crate) handoff_fair: Option<Handoff>,
     pub(crate) handoff_per_process: Option<Handoff>,
+    pub(crate) handoff_per_process_fair: Option<Handoff>,
     pub(crate) handoff_per_process_polling_100ms: Option<Handoff>,
     pub(crate) handoff_per_process_polling_10ms: Option<Handoff>,
     pub(crate) crash_recovery: Option<CrashRecovery>,
@@ -26,6 +28,8 @@ impl Results {
     pub(crate) fn set_handoff(&mut self, kind: Kind, layout: Layout, run: Handoff) {
         let slot = match (layout, kind) {
             (Layout::Shared, Kind::Leasehold) => &mut self.handoff,
+            (Layout::Shared, Kind::Fair) => &mut self.handoff_fair,
+            (Layout::PerProcess, Kind::Fair) => &mut self.handoff_per_process_fair,
             (Layout::Shared, Kind::Polling(d)) if d.as_millis() >= 100 => {
                 &mut self.handoff_polling_100ms
             }
@@ -46,7 +50,9 @@ impl Results {
             "handoff": self.handoff,
             "handoff_polling_100ms": self.handoff_polling_100ms,
             "handoff_polling_10ms": self.handoff_polling_10ms,
+            "handoff_fair": self.handoff_fair,
             "handoff_per_process": self.handoff_per_process,
+            "handoff_per_process_fair": self.handoff_per_process_fair,
             "handoff_per_process_polling_100ms": self.handoff_per_process_polling_100ms,
             "handoff_per_process_polling_10ms": self.handoff_per_process_polling_10ms,
             "crash_recovery": self.crash_recovery,
@@ -83,9 +89,11 @@ pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement)
     }
     let handoffs = [
         ("handoff (leasehold)", &results.handoff),
+        ("handoff (fair lock)", &results.handoff_fair),
         ("handoff_polling_100ms", &results.handoff_polling_100ms),
         ("handoff_polling_10ms", &results.handoff_polling_10ms),
         ("per_process (leasehold)", &results.handoff_per_process),
+        ("per_process (fair lock)", &results.handoff_per_process_fair),
         (
             "per_process_polling_100ms",
             &results.handoff_per_process_polling_100ms,
