@@ -362,13 +362,22 @@ impl Lock {
             Some((_, prepared)) => *prepared,
             None => client.holds.prepare(&attempt.hold),
         };
-        // A reader asking for the write side would wait for itself: refused at once.
-        if self.keys.kind() == LockKind::Write && prepared.grant.is_none() {
-            let read = HoldId::new(
-                self.keys.of_kind(LockKind::Read),
-                attempt.hold.owner.clone(),
-            );
-            if client.holds.prepare(&read).grant.is_some() {
+        // A read/write lock's other side, held by the same owner. A detached guard of it lives
+        // in another task: this task waits for it like any other task (otherwise a read would
+        // pass for that writer's downgrade). A read hold it keeps would make a write wait for
+        // itself: refused at once.
+        if let Some(side) = self.keys.kind().other_side() {
+            let other = HoldId::new(self.keys.of_kind(side), attempt.hold.owner.clone());
+            let mut seen = client.holds.prepare(&other);
+            if seen.detached && self.owner.is_none() {
+                taken = None;
+                if !Box::pin(client.holds.until_attached(&other, deadline)).await {
+                    return Ok(None);
+                }
+                seen = client.holds.prepare(&other);
+                prepared = client.holds.prepare(&attempt.hold);
+            }
+            if side == LockKind::Read && prepared.grant.is_none() && seen.grant.is_some() {
                 return Err(LockError::UpgradeRefused {
                     name: self.keys.name().to_string(),
                 });

@@ -1352,3 +1352,137 @@ async fn defect16_a_short_lease_client_does_not_expire_a_long_lease_clients_plac
 fn child_holder_entry_point() {
     common::run_child_holder_if_asked();
 }
+
+/// A task takes a read/write lock's write side and hands the guard to a worker (detach); the
+/// task itself then asks for the read side. The worker still writes: the task must wait.
+///
+/// Failed before the fix: the read was granted at once, as the writer's own downgrade (one
+/// owner in Redis), while the worker's write guard was still held. Found while documenting
+/// the read/write lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect17_a_detached_write_guard_excludes_its_own_tasks_reads() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    let rw = a.rw_lock("doc").unwrap();
+    let w = rw.write().lock().await.unwrap().detach();
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let worker = {
+        let writing = writing.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            writing.store(false, std::sync::atomic::Ordering::SeqCst);
+            w.unlock().await.unwrap();
+        })
+    };
+    assert!(
+        rw.read().try_lock().await.unwrap().is_none(),
+        "read granted while another task holds the write guard"
+    );
+    let r = rw
+        .read()
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("granted once the worker released");
+    assert!(!writing.load(std::sync::atomic::Ordering::SeqCst));
+    r.unlock().await.unwrap();
+    worker.await.unwrap();
+}
+
+/// A write release with more than 100 readers waiting lets every one of them in at once.
+///
+/// Failed before the fix: the release told the first 100; the others woke on their timers
+/// (about the writer's 30 s lease later). Found while documenting the read/write lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect18_a_write_release_wakes_more_than_a_hundred_readers() {
+    let redis = server();
+    let url = redis.url();
+    let writer = client(&url).await;
+    let rw = writer.rw_lock("board").unwrap();
+    let waiters = rw.read().keys().waiters();
+    let w = rw.write().lock().await.unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..13 {
+        clients.push(client(&url).await);
+    }
+    // Every reader holds until all are in (or 20 s pass): the release must let all of them in
+    // together, not only those a later read release would tell.
+    let all_in = Arc::new(tokio::sync::Barrier::new(130));
+    let mut readers = Vec::new();
+    for i in 0..130 {
+        let rw = clients[i % 13].rw_lock("board").unwrap();
+        let all_in = all_in.clone();
+        readers.push(tokio::spawn(async move {
+            let guard = rw
+                .read()
+                .try_lock_for(Duration::from_secs(40))
+                .await
+                .unwrap();
+            let at = Instant::now();
+            let _ = tokio::time::timeout(Duration::from_secs(20), all_in.wait()).await;
+            guard.expect("every reader gets in").unlock().await.unwrap();
+            at
+        }));
+    }
+    assert!(
+        common::eventually(Duration::from_secs(20), || zcard(&redis, &waiters) == 130).await,
+        "the readers queued: {}",
+        zcard(&redis, &waiters)
+    );
+    let released = Instant::now();
+    w.unlock().await.unwrap();
+    let mut last = Duration::ZERO;
+    for reader in readers {
+        last = last.max(reader.await.unwrap() - released);
+    }
+    assert!(
+        last < Duration::from_secs(10),
+        "the last reader got in {last:?} after the write release"
+    );
+}
+
+/// force_unlock on a read/write lock that is only reserved for a writer's turn (the hash holds
+/// just the reservation) lets every reader waiting in.
+///
+/// Failed before the fix: the script could not tell the lock's kind from such a hash and
+/// handed it on as a fair lock: reserved for the first reader alone; the second waited for the
+/// first to release. Found while documenting the read/write lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect19_force_unlock_of_a_reserved_rw_lock_lets_all_readers_in() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+    let rw = a.rw_lock("menu").unwrap();
+    let keys = rw.write().keys().clone();
+    let w = rw.write().lock().await.unwrap().detach();
+    let both_in = Arc::new(tokio::sync::Barrier::new(2));
+    let mut readers = Vec::new();
+    for client in [&b, &c] {
+        let rw = client.rw_lock("menu").unwrap();
+        let both_in = both_in.clone();
+        readers.push(tokio::spawn(async move {
+            let guard = rw.read().lock().await.unwrap();
+            let together = tokio::time::timeout(Duration::from_secs(5), both_in.wait()).await;
+            guard.unlock().await.unwrap();
+            together.is_ok()
+        }));
+    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || zcard(&redis, &keys.waiters())
+            == 2)
+        .await
+    );
+    // The state a writer's turn leaves: the hash holds only the reservation (the writer's
+    // entry has lapsed).
+    cmd(&redis, &["DEL", keys.hash(), &keys.leases()]);
+    cmd(&redis, &["HSET", keys.hash(), "~turn:gone:t1", "0"]);
+    cmd(&redis, &["PEXPIRE", keys.hash(), "60000"]);
+    assert!(rw.write().force_unlock().await.unwrap());
+    for reader in readers {
+        assert!(
+            reader.await.unwrap(),
+            "the readers were not let in together"
+        );
+    }
+    drop(w);
+}

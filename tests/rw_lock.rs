@@ -440,3 +440,44 @@ async fn guards_of_both_sides_learn_they_lost_the_lock() {
     assert!(!w.is_held() && !r.is_held());
     assert_eq!(lock_keys(&redis), Vec::<String>::new());
 }
+
+/// A renewal extends only a hold whose lease has not ended: a read hold past its deadline that
+/// no script has removed yet stays over (as the plain lock's renewal finds an expired key
+/// gone).
+#[tokio::test]
+async fn a_renewal_does_not_revive_an_ended_hold() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    let owner = a.new_owner();
+    let rw = a.rw_lock("stale").unwrap().with_owner(owner.clone());
+    let r = rw.read().lock().await.unwrap().detach();
+    let keys = rw.read().keys().clone();
+    let member = format!("~r:{}", owner.id());
+    // Its lease ended a second ago; nothing ran on the lock since.
+    let time = common::cmd(&redis, &["TIME"]);
+    let now_ms = time.as_array().unwrap()[0]
+        .as_str()
+        .unwrap()
+        .parse::<i64>()
+        .unwrap()
+        * 1000;
+    common::cmd(
+        &redis,
+        &[
+            "ZADD",
+            &keys.leases(),
+            &(now_ms - 1000).to_string(),
+            &member,
+        ],
+    );
+    let renewal = leasehold_core::commands::Renewal {
+        hold: leasehold_core::HoldId::new(keys.clone(), owner.clone()),
+        token: Some(r.fencing_token()),
+    };
+    let lease = leasehold::Lease::new(Duration::from_secs(30)).unwrap();
+    let renewed = leasehold_core::commands::renew(a.redis(), &common::scripts(), &[renewal], lease)
+        .await
+        .unwrap();
+    assert_eq!(renewed, vec![false]);
+    std::mem::forget(r);
+}

@@ -247,7 +247,7 @@ async fn without_the_tls_feature_rediss_is_refused() {
 const ACL_RULE: &str = "on >s3cr3t-Pa55 resetkeys ~leasehold:* resetchannels &leasehold:* -@all \
     +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe +ping \
     +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +del +pexpire +pttl \
-    +zadd +zpopmin +publish \
+    +zadd +zpopmin +publish +zrange +zrangebyscore +zscore +zcard +zrank \
     +info +client|id";
 
 fn set_user(redis: &RedisServer, name: &str, rule: &str) {
@@ -389,6 +389,58 @@ async fn the_documented_acl_rule_allows_every_lock_kind_and_nothing_is_refused()
         .unwrap(),
         commands::Release::Released
     );
+
+    // The fair lock: a waiter queued on its own channel, one that gives up, the hand-on, the
+    // watchdog's entry renewals, force_unlock with a waiter queued.
+    let fair = a.fair_lock("acl-fair").unwrap();
+    let held = fair.lock().await.unwrap();
+    assert!(b
+        .fair_lock("acl-fair")
+        .unwrap()
+        .try_lock_for(Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_none());
+    let other = b.fair_lock("acl-fair").unwrap();
+    let waiting = tokio::spawn(async move { other.lock().await.map(|g| g.detach()) });
+    assert!(common::eventually(Duration::from_secs(10), || b.waiters() == 1).await);
+    held.unlock().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the fair waiter got its turn")
+        .unwrap()
+        .unwrap();
+    let queued = {
+        let lock = a.fair_lock("acl-fair").unwrap();
+        tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
+    };
+    assert!(common::eventually(Duration::from_secs(10), || a.waiters() == 1).await);
+    assert!(fair.force_unlock().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("force_unlock handed the fair lock on")
+        .unwrap()
+        .unwrap();
+    next.unlock().await.unwrap();
+    drop(handed);
+
+    // The read/write lock: readers, a waiting writer, downgrade, release, renewal.
+    let rw = a.rw_lock("acl-rw").unwrap();
+    let r = rw.read().lock().await.unwrap();
+    let writer = b.rw_lock("acl-rw").unwrap();
+    let writing = tokio::spawn(async move { writer.write().lock().await.map(|g| g.detach()) });
+    assert!(common::eventually(Duration::from_secs(10), || b.waiters() == 1).await);
+    r.unlock().await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(10), writing)
+        .await
+        .expect("the writer got its turn")
+        .unwrap()
+        .unwrap();
+    w.unlock().await.unwrap();
+    let w = rw.write().lock().await.unwrap();
+    let down = rw.read().lock().await.unwrap();
+    w.unlock().await.unwrap();
+    down.unlock().await.unwrap();
 
     let log = acl_log(&redis);
     assert!(log.is_empty(), "Redis refused something: {log:#?}");

@@ -88,7 +88,14 @@ pub async fn run(
             );
         }
     }
-    let released = state.is_locked() && lock.force_unlock().await?;
+    // A read/write lock is unlocked through its own handle: a lock only reserved for a waiting
+    // writer's turn carries nothing that tells its kind to the script.
+    let released = state.is_locked()
+        && if state.lock_kind == Some(crate::layout::Kind::Rwlock) {
+            client.rw_lock(name)?.write().force_unlock().await?
+        } else {
+            lock.force_unlock().await?
+        };
     if json {
         let outcome = Outcome {
             name,

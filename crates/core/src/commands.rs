@@ -586,6 +586,7 @@ pub async fn force_unlock<C: LuaInterface + Send + Sync>(
                 Value::Array(vec![
                     Value::from(keys.released_str()),
                     Value::from(prefix.as_str()),
+                    word(if keys.is_read_write() { "rw" } else { "" }),
                 ]),
             )
         })

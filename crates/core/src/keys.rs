@@ -138,6 +138,17 @@ pub enum LockKind {
     Write,
 }
 
+impl LockKind {
+    /// A read/write lock's other side; `None` for the other kinds.
+    pub fn other_side(self) -> Option<LockKind> {
+        match self {
+            LockKind::Read => Some(LockKind::Write),
+            LockKind::Write => Some(LockKind::Read),
+            LockKind::Plain | LockKind::Fair => None,
+        }
+    }
+}
+
 impl KeyStrings {
     fn part(&self, part: usize) -> (usize, usize) {
         let start = match part {

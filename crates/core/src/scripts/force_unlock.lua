@@ -7,6 +7,8 @@
 -- KEYS[5]  read/write lock leases     P:{N}:leases
 -- ARGV[1]  release channel  P:{N}:released
 -- ARGV[2]  fair-lock waiter channel prefix  P:{N}:released:
+-- ARGV[3]  'rw' when the caller knows it is a read/write lock (a lock only reserved for a
+--          writer's turn has no '@MODE@' field to tell), else ''
 --
 -- Replies: 1 a lock was removed (and '@FREE@' published: one waiter per client wakes; a fair
 -- lock's first live waiter gets its turn; a read/write lock's head of the line is told, every
@@ -22,7 +24,7 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prefix = ARGV[2]
-local read_write = redis.call('HEXISTS', KEYS[1], '@MODE@') == 1
+local read_write = ARGV[3] == 'rw' or redis.call('HEXISTS', KEYS[1], '@MODE@') == 1
 redis.call('PUBLISH', ARGV[1], '@FREE@')
 redis.call('DEL', KEYS[1])
 if read_write and redis.call('TYPE', KEYS[5])['ok'] == 'zset' then

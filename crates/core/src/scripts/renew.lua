@@ -54,15 +54,20 @@ for i = 1, (#ARGV - 1) / 2 do
         local t = redis.call('TIME')
         now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       end
+      -- A hold whose lease already ended is over, even if no script has removed it yet.
       local current = redis.call('ZSCORE', KEYS[k + 1], field)
-      if not current or tonumber(current) < now_ms + lease then
-        redis.call('ZADD', KEYS[k + 1], now_ms + lease, field)
+      if current and tonumber(current) > now_ms then
+        if tonumber(current) < now_ms + lease then
+          redis.call('ZADD', KEYS[k + 1], now_ms + lease, field)
+        end
+        local latest = redis.call('ZRANGE', KEYS[k + 1], -1, -1, 'WITHSCORES')[2]
+        local ttl = math.max(tonumber(latest) - now_ms, 1)
+        redis.call('PEXPIRE', KEYS[k], ttl)
+        redis.call('PEXPIRE', KEYS[k + 1], ttl)
+        renewed[i] = 1
+      else
+        renewed[i] = 0
       end
-      local latest = redis.call('ZRANGE', KEYS[k + 1], -1, -1, 'WITHSCORES')[2]
-      local ttl = math.max(tonumber(latest) - now_ms, 1)
-      redis.call('PEXPIRE', KEYS[k], ttl)
-      redis.call('PEXPIRE', KEYS[k + 1], ttl)
-      renewed[i] = 1
     else
       renewed[i] = 0
     end

@@ -75,12 +75,15 @@ local function someone_before()
   local mine = redis.call('ZSCORE', KEYS[3], owner)
   local before
   if mine then
-    before = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. mine, 'WITHSCORES', 'LIMIT', 0, 1000)
+    if not reading then
+      return redis.call('ZRANK', KEYS[3], owner) > 0
+    end
+    before = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. mine, 'WITHSCORES')
   else
-    before = redis.call('ZRANGE', KEYS[3], 0, 999, 'WITHSCORES')
-  end
-  if not reading then
-    return #before > 0
+    if not reading then
+      return redis.call('EXISTS', KEYS[3]) == 1
+    end
+    before = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
   end
   for i = 2, #before, 2 do
     if is_writer(before[i]) then

@@ -81,28 +81,36 @@ end
 -- waiter leaving): while no writer holds, the readers before the first waiting writer are told
 -- all at once; with no hold at all and a writer first in line, the lock is reserved for that
 -- writer (until its entry would lapse, at least the turn grace) and only it is told. Each is
--- told on its own channel. `except`: an owner not to tell (it is being granted), or false.
+-- told on its own channel, however many there are (read 100 at a time). `except`: an owner
+-- not to tell (it is being granted), or false.
 local function hand_on(except)
   if redis.call('HGET', KEYS[1], '@MODE@') == 'w' then
     return
   end
   local held = redis.call('EXISTS', KEYS[5]) == 1
-  local line = redis.call('ZRANGE', KEYS[3], 0, 99, 'WITHSCORES')
-  for i = 1, #line, 2 do
-    local who = line[i]
-    if is_writer(line[i + 1]) then
-      if i == 1 and not held and who ~= except then
-        local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], who) or now_ms)
-        redis.call('DEL', KEYS[1])
-        redis.call('HSET', KEYS[1], '@TURN@' .. who, '0')
-        redis.call('PEXPIRE', KEYS[1], math.max(until_ms - now_ms, @GRACE_MS@))
+  local from = 0
+  while true do
+    local line = redis.call('ZRANGE', KEYS[3], from, from + 99, 'WITHSCORES')
+    for i = 1, #line, 2 do
+      local who = line[i]
+      if is_writer(line[i + 1]) then
+        if from == 0 and i == 1 and not held and who ~= except then
+          local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], who) or now_ms)
+          redis.call('DEL', KEYS[1])
+          redis.call('HSET', KEYS[1], '@TURN@' .. who, '0')
+          redis.call('PEXPIRE', KEYS[1], math.max(until_ms - now_ms, @GRACE_MS@))
+          redis.call('PUBLISH', prefix .. who, '@FREE@')
+        end
+        return
+      end
+      if who ~= except then
         redis.call('PUBLISH', prefix .. who, '@FREE@')
       end
+    end
+    if #line < 200 then
       return
     end
-    if who ~= except then
-      redis.call('PUBLISH', prefix .. who, '@FREE@')
-    end
+    from = from + 100
   end
 end
 
