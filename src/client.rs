@@ -201,6 +201,27 @@ impl LockClient {
         ))
     }
 
+    /// A handle on the count-down latch `name` (see [`Latch`](crate::Latch)).
+    ///
+    /// # Errors
+    /// As [`LockClient::lock`].
+    pub fn latch(&self, name: &str) -> Result<crate::Latch> {
+        let keys = LockKeys::new(&self.inner.prefix, name)?;
+        Ok(crate::Latch::new(self.inner.clone(), keys))
+    }
+
+    /// A handle on the semaphore `name` (see [`Semaphore`](crate::Semaphore)).
+    ///
+    /// # Errors
+    /// As [`LockClient::lock`].
+    pub fn semaphore(&self, name: &str) -> Result<crate::Semaphore> {
+        let keys = LockKeys::new(&self.inner.prefix, name)?;
+        Ok(crate::Semaphore::new(
+            Lock::new(self.inner.clone(), keys.clone()),
+            &keys,
+        ))
+    }
+
     /// A new explicit owner: holds taken under it are shared by every task that uses it (see
     /// [`Lock::with_owner`]).
     pub fn new_owner(&self) -> Owner {

@@ -35,6 +35,9 @@
 //! lock, guard        every kind's handle, attempt and guard: the plain lock (acquire.lua),
 //!                    the fair lock (fair/*.lua) and a read/write lock's sides (rw/*.lua)
 //! rw_lock            RwLock: two Lock handles on one name
+//! semaphore          Semaphore and Permit: a Lock handle whose every acquisition is a hold of
+//!                    its own id (sem/*.lua)
+//! latch              Latch: a count-down latch waited on through the engine (latch/*.lua)
 //! schedule           run-once jobs on top of the lock
 //! ```
 //! Below it: `leasehold-core` (keys, leases, owners, protocol words, scripts, errors),
@@ -49,10 +52,12 @@ mod builder;
 mod client;
 mod connect;
 mod guard;
+mod latch;
 mod lock;
 mod release;
 mod rw_lock;
 pub mod schedule;
+mod semaphore;
 mod wait;
 
 pub use builder::{
@@ -60,6 +65,7 @@ pub use builder::{
 };
 pub use client::{LockClient, LAST_TRY_BUDGET};
 pub use guard::LockGuard;
+pub use latch::Latch;
 pub use leasehold_core::protocol::DEFAULT_TURN_GRACE;
 pub use leasehold_core::{
     FencingToken, Lease, LockError, LockKeys, LockKind, Owner, RedisError, Result, MAX_LEASE,
@@ -68,3 +74,4 @@ pub use leasehold_core::{
 pub use leasehold_watchdog::WatchdogStats;
 pub use lock::Lock;
 pub use rw_lock::RwLock;
+pub use semaphore::{Permit, Semaphore};

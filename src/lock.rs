@@ -34,6 +34,8 @@ pub struct Lock {
     keys: LockKeys,
     owner: Option<Owner>,
     reentrant: bool,
+    /// Permits one acquisition takes (a semaphore's; 1 for the locks).
+    permits: u32,
 }
 
 impl fmt::Debug for Lock {
@@ -55,7 +57,19 @@ impl Lock {
             keys,
             owner: None,
             reentrant: true,
+            permits: 1,
         }
+    }
+
+    /// This handle, taking `permits` per acquisition (a semaphore's handle).
+    pub(crate) fn with_permits(mut self, permits: u32) -> Lock {
+        self.permits = permits;
+        self
+    }
+
+    /// The client this handle belongs to.
+    pub(crate) fn client(&self) -> &Arc<ClientInner> {
+        &self.client
     }
 
     /// This handle on other keys (another kind's, for the same name).
@@ -277,12 +291,12 @@ impl Lock {
     /// not told until its next renewal finds the lock gone. Returns whether a lock was removed.
     pub async fn force_unlock(&self) -> Result<bool> {
         let client = &self.client;
-        client
-            .call(
-                client.command_timeout,
-                commands::force_unlock(&client.redis, &client.scripts, &self.keys),
-            )
-            .await
+        // Boxed: an operator's call, and a script call's future is large in a debug build.
+        Box::pin(client.call(
+            client.command_timeout,
+            commands::force_unlock(&client.redis, &client.scripts, &self.keys),
+        ))
+        .await
     }
 
     /// Acquires with a wait of `wait` (`None`: no limit; zero: one try) and an explicit
@@ -293,7 +307,7 @@ impl Lock {
     /// Otherwise the waiting engine ([`crate::wait`]) drives [`LockAttempt`].
     ///
     /// Counted in the metrics (`leasehold_acquisitions_total`, `leasehold_wait_seconds`).
-    async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         wait: Option<Duration>,
         lease: Option<Duration>,
@@ -353,6 +367,7 @@ impl Lock {
             reentrant: self.reentrant,
             task_owned: self.owner.is_none(),
             entry: None,
+            permits: self.permits,
         };
         // The first try's ticket is taken in the same look at the table that reads what the
         // acquire must know (one look on the hot path). It is let go before any local wait,
@@ -493,6 +508,8 @@ struct LockAttempt<'c> {
     /// A fair lock's waiter: its queue entry in Redis, renewed by the watchdog from the first
     /// busy try until this acquire ends.
     entry: Option<WaitingEntry>,
+    /// Permits a semaphore's acquisition takes.
+    permits: u32,
 }
 
 impl Attempt for LockAttempt<'_> {
@@ -649,13 +666,14 @@ impl LockAttempt<'_> {
         let sent_at = budget.sent_at;
         let reply = within!(
             budget,
-            commands::acquire(
+            commands::acquire_permits(
                 &client.redis,
                 &client.scripts,
                 &self.hold.keys,
                 &self.hold.owner,
                 self.lease,
                 mode,
+                self.permits,
             )
         );
         match reply {

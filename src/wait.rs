@@ -68,6 +68,12 @@ pub(crate) trait Attempt {
     fn line(&self) -> Line {
         Line::Shared
     }
+
+    /// Whether a grant excludes the next local waiter: it then waits for a release message
+    /// instead of trying at once. A count-down latch's "grant" (it is open) excludes nobody.
+    fn exclusive(&self) -> bool {
+        true
+    }
 }
 
 /// How a kind's waiters line up.
@@ -84,6 +90,9 @@ pub(crate) enum Line {
         /// The waiting owner.
         owner: leasehold_core::Owner,
     },
+    /// Waiters of the lock's release channel that keep nothing in Redis (a count-down
+    /// latch's): giving up tells Redis nothing.
+    Broadcast,
 }
 
 /// Retry delay after transient errors while waiting: 10 ms doubling to 1 s.
@@ -108,6 +117,8 @@ pub(crate) struct Wait<'a> {
     place: Option<Place>,
     /// The waiting owner when it has an entry of its own in Redis ([`Line::Own`]).
     own_entry: Option<leasehold_core::Owner>,
+    /// Giving up leaves the client's turn queue ([`Line::Shared`]).
+    turn_queue: bool,
     backoff: Backoff,
     /// The error of the last try, if it failed transiently and nothing answered since.
     last_error: Option<LockError>,
@@ -127,7 +138,8 @@ impl Drop for Wait<'_> {
             return;
         };
         let subscribed = place.is_subscribed();
-        let last = place.leave(self.granted);
+        // (A grant that excludes nobody, zero, gives the next waiter no busy hint.)
+        let last = place.leave(self.granted.filter(|lease| !lease.is_zero()));
         match self.own_entry.take() {
             // The owner's entry is shared by its waiters (joined futures of one task): the last
             // one to give up takes it out.
@@ -135,7 +147,7 @@ impl Drop for Wait<'_> {
                 leave_fair_line(self.client, self.keys, owner);
             }
             Some(_) => {}
-            None if last && self.granted.is_none() && subscribed => {
+            None if self.turn_queue && last && self.granted.is_none() && subscribed => {
                 leave_turn_queue(self.client, self.keys);
             }
             None => {}
@@ -151,8 +163,9 @@ impl<'a> Wait<'a> {
         deadline: Option<Instant>,
         line: Line,
     ) -> Wait<'a> {
+        let turn_queue = matches!(line, Line::Shared);
         let (place, own_entry) = match line {
-            Line::Shared => (client.notifier.join(keys.released()), None),
+            Line::Shared | Line::Broadcast => (client.notifier.join(keys.released()), None),
             Line::Own { channel, owner } => (client.notifier.join(&channel), Some(owner)),
         };
         Wait {
@@ -161,6 +174,7 @@ impl<'a> Wait<'a> {
             deadline,
             place: Some(place),
             own_entry,
+            turn_queue,
             backoff: Backoff(Backoff::FIRST),
             last_error: None,
             granted: None,
@@ -382,7 +396,12 @@ async fn wait_for<A: Attempt>(
         let budget = client.budget(deadline);
         match attempt.attempt(waiter, budget).await {
             Ok(Tried::Granted(grant)) => {
-                wait.granted = Some(attempt.lease());
+                // A grant that excludes nobody lets the next local waiter try at once.
+                wait.granted = Some(if attempt.exclusive() {
+                    attempt.lease()
+                } else {
+                    Duration::ZERO
+                });
                 if let Some(woken_at) = wait.woken_at {
                     attempt.metrics().handoff(woken_at.elapsed());
                 }

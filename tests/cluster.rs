@@ -277,3 +277,80 @@ async fn rw_lock_scripts_run_on_a_cluster() {
         .unwrap());
     assert!(!held.is_held() || held.unlock().await.is_err());
 }
+
+/// The semaphore's and the latch's scripts on Cluster: setting permits, acquiring several,
+/// waiting in line, renewals of permits batched by slot, release by id, deleting; a latch set,
+/// waited on and counted down; on names over many slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_and_latch_scripts_run_on_a_cluster() {
+    let node = cluster_node();
+    let lease = Duration::from_millis(600);
+    let a = cluster_client(&node, lease).await;
+    let b = cluster_client(&node, lease).await;
+    let names: Vec<String> = (0..20).map(|i| format!("sem:{i}")).collect();
+    let mut permits = Vec::new();
+    for name in &names {
+        let semaphore = a.semaphore(name).unwrap();
+        assert!(semaphore.try_set_permits(2).await.unwrap());
+        permits.push(semaphore.acquire(2).await.unwrap());
+    }
+    let renewed = a.watchdog_stats().renewed;
+    assert!(
+        common::eventually(Duration::from_secs(15), || a.watchdog_stats().renewed
+            >= renewed + 3 * names.len() as u64)
+        .await,
+        "{:?}",
+        a.watchdog_stats()
+    );
+    let mut waits = Vec::new();
+    for name in &names {
+        let semaphore = b.semaphore(name).unwrap();
+        assert!(semaphore
+            .try_acquire_for(1, Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_none());
+        waits.push(tokio::spawn(async move {
+            semaphore.try_acquire_for(1, Duration::from_secs(20)).await
+        }));
+    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || b.waiters() == names.len()).await,
+        "the waiters queued"
+    );
+    for (i, permit) in permits.drain(..).enumerate() {
+        if i % 2 == 0 {
+            permit.release().await.unwrap();
+        } else {
+            let id = permit.id().to_string();
+            std::mem::forget(permit);
+            b.semaphore(&names[i])
+                .unwrap()
+                .release_permit(&id)
+                .await
+                .unwrap();
+        }
+    }
+    for wait in waits {
+        wait.await
+            .unwrap()
+            .unwrap()
+            .expect("a permit")
+            .release()
+            .await
+            .unwrap();
+    }
+    for name in &names {
+        assert!(a.semaphore(name).unwrap().delete().await.unwrap());
+    }
+    for name in names.iter().take(5) {
+        let latch = a.latch(&format!("latch:{name}")).unwrap();
+        assert!(latch.try_set_count(1).await.unwrap());
+        let waiting = {
+            let latch = b.latch(&format!("latch:{name}")).unwrap();
+            tokio::spawn(async move { latch.wait_for(Duration::from_secs(20)).await })
+        };
+        assert_eq!(latch.count_down().await.unwrap(), 0);
+        assert!(waiting.await.unwrap().unwrap());
+    }
+}

@@ -116,6 +116,13 @@ pub fn run_child_holder_if_asked() {
             println!("LOCKED");
             std::future::pending::<()>().await;
         }
+        if std::env::var("LEASEHOLD_CHILD_PERMIT").is_ok() {
+            // Hold one permit of the semaphore until killed.
+            let semaphore = client.semaphore(&name).unwrap();
+            let permit = semaphore.acquire(1).await.unwrap();
+            println!("LOCKED token={}", permit.fencing_token());
+            std::future::pending::<()>().await;
+        }
         if std::env::var("LEASEHOLD_CHILD_READER").is_ok() {
             // Hold the read side of the read/write lock until killed.
             let lock = client.rw_lock(&name).unwrap();
@@ -189,6 +196,28 @@ pub fn spawn_reader(redis: &RedisServer, name: &str, lease: Duration) -> ChildPr
         .env("LEASEHOLD_CHILD_LOCK", name)
         .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string())
         .env("LEASEHOLD_CHILD_READER", "1");
+    let child = ChildProcess::spawn(command).unwrap();
+    child
+        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
+        .unwrap();
+    child
+}
+
+/// Runs this test binary's `child_holder_entry_point` as a separate process that holds one
+/// permit of the semaphore `name` with a watched `lease`; returns once it holds it.
+pub fn spawn_permit_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "child_holder_entry_point",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LEASEHOLD_CHILD_URL", redis.url())
+        .env("LEASEHOLD_CHILD_LOCK", name)
+        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string())
+        .env("LEASEHOLD_CHILD_PERMIT", "1");
     let child = ChildProcess::spawn(command).unwrap();
     child
         .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))

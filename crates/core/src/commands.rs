@@ -126,8 +126,25 @@ pub async fn acquire<C: LuaInterface + Send + Sync>(
     lease: Lease,
     mode: AcquireMode<'_>,
 ) -> Result<Acquire> {
+    acquire_permits(client, scripts, keys, owner, lease, mode, 1).await
+}
+
+/// Runs the acquire script of `keys`' kind for `owner` with `lease`; a semaphore's acquisition
+/// (`owner` is its id) takes `permits` (the locks ignore it).
+pub async fn acquire_permits<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    owner: &Owner,
+    lease: Lease,
+    mode: AcquireMode<'_>,
+    permits: u32,
+) -> Result<Acquire> {
     match keys.kind() {
         LockKind::Plain => {}
+        LockKind::Semaphore => {
+            return sem_acquire(client, scripts, keys, owner, lease, mode, permits).await
+        }
         LockKind::Fair => return fair_acquire(client, scripts, keys, owner, lease, mode).await,
         LockKind::Read | LockKind::Write => {
             return rw_acquire(client, scripts, keys, owner, lease, mode).await
@@ -296,6 +313,184 @@ async fn rw_acquire<C: LuaInterface + Send + Sync>(
     acquire_reply(reply)
 }
 
+/// The six keys of the semaphore's scripts (`scripts/sem/common.lua`).
+fn sem_keys(keys: &LockKeys) -> (Vec<Key>, [String; 4]) {
+    let names = [
+        keys.waiters(),
+        keys.waiters_until(),
+        keys.leases(),
+        keys.wants(),
+    ];
+    let list = vec![
+        Key::from(keys.hash_str()),
+        Key::from(keys.fence_str()),
+        Key::from(names[0].as_str()),
+        Key::from(names[1].as_str()),
+        Key::from(names[2].as_str()),
+        Key::from(names[3].as_str()),
+    ];
+    (list, names)
+}
+
+fn sem_error(keys: &LockKeys, names: &[String; 4], error: fred::error::Error) -> LockError {
+    from_fred(
+        error,
+        &[
+            keys.hash(),
+            keys.fence(),
+            &names[0],
+            &names[1],
+            &names[2],
+            &names[3],
+        ],
+    )
+}
+
+/// Runs the semaphore's acquire script (`scripts/sem/acquire.lua`).
+async fn sem_acquire<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    id: &Owner,
+    lease: Lease,
+    mode: AcquireMode<'_>,
+    permits: u32,
+) -> Result<Acquire> {
+    let prefix = keys.waiter_channel_prefix();
+    let (code, life) = match mode {
+        AcquireMode::FairWaiter { entry_life, .. } => ("w", entry_life.millis()),
+        _ => ("t", 0),
+    };
+    let (_, names) = sem_keys(keys);
+    let reply: Value = scripts
+        .sem_acquire
+        .call(client, || {
+            (
+                sem_keys(keys).0.into(),
+                Value::Array(vec![
+                    Value::from(id.id_str().clone()),
+                    Value::from(lease.millis() as i64),
+                    word(code),
+                    word(""),
+                    Value::from(prefix.as_str()),
+                    Value::from(life as i64),
+                    Value::from(i64::from(permits)),
+                ]),
+            )
+        })
+        .await
+        .map_err(|e| sem_error(keys, &names, e))?;
+    acquire_reply(reply)
+}
+
+/// What [`semaphore_set`] does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SemaphoreChange {
+    /// Set the number of permits only if it was never set.
+    TrySet(u64),
+    /// Set the number of permits.
+    Set(u64),
+    /// Add this many permits (negative: take them away).
+    Add(i64),
+    /// Delete the semaphore.
+    Delete,
+}
+
+/// Changes a semaphore's number of permits, or deletes it (`scripts/sem/set.lua`); waiters
+/// whose permits are there now are told. Returns whether it changed.
+pub async fn semaphore_set<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    change: SemaphoreChange,
+) -> Result<bool> {
+    let prefix = keys.waiter_channel_prefix();
+    let (op, n) = match change {
+        SemaphoreChange::TrySet(n) => ("try", n as i64),
+        SemaphoreChange::Set(n) => ("set", n as i64),
+        SemaphoreChange::Add(n) => ("add", n),
+        SemaphoreChange::Delete => ("delete", 0),
+    };
+    let (_, names) = sem_keys(keys);
+    let changed: i64 = scripts
+        .sem_set
+        .call(client, || {
+            (
+                sem_keys(keys).0.into(),
+                Value::Array(vec![word(op), Value::from(n), Value::from(prefix.as_str())]),
+            )
+        })
+        .await
+        .map_err(|e| sem_error(keys, &names, e))?;
+    Ok(changed == 1)
+}
+
+/// A semaphore's number of permits and the permits taken now (`None` when never set).
+pub async fn semaphore_state<C: fred::interfaces::HashesInterface + Send + Sync>(
+    client: &C,
+    keys: &LockKeys,
+) -> Result<Option<(i64, i64)>> {
+    let fields: (Option<i64>, Option<i64>) = client
+        .hmget(
+            keys.hash_str(),
+            vec![crate::protocol::PERMITS_FIELD, crate::protocol::USED_FIELD],
+        )
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    Ok(fields.0.map(|permits| (permits, fields.1.unwrap_or(0))))
+}
+
+/// Sets a count-down latch's count if it is not counting down (`scripts/latch/set_count.lua`).
+pub async fn latch_set_count<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    count: u64,
+) -> Result<bool> {
+    let set: i64 = scripts
+        .latch_set_count
+        .call(client, || {
+            (
+                Key::from(keys.hash_str()).into(),
+                Value::Array(vec![Value::from(count as i64)]),
+            )
+        })
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    Ok(set == 1)
+}
+
+/// Counts a latch down by one (`scripts/latch/count_down.lua`); returns the count left.
+pub async fn latch_count_down<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    keys: &LockKeys,
+) -> Result<u64> {
+    let left: i64 = scripts
+        .latch_count_down
+        .call(client, || {
+            (
+                Key::from(keys.hash_str()).into(),
+                Value::Array(vec![Value::from(keys.released_str())]),
+            )
+        })
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    Ok(left.max(0) as u64)
+}
+
+/// A latch's count (0: open).
+pub async fn latch_count<C: fred::interfaces::HashesInterface + Send + Sync>(
+    client: &C,
+    keys: &LockKeys,
+) -> Result<u64> {
+    let count: Option<i64> = client
+        .hget(keys.hash_str(), crate::protocol::LATCH_FIELD)
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    Ok(count.unwrap_or(0).max(0) as u64)
+}
+
 /// Reads an acquire script's reply (plain and fair alike).
 fn acquire_reply(reply: Value) -> Result<Acquire> {
     let values = match &reply {
@@ -337,6 +532,28 @@ pub async fn release<C: LuaInterface + Send + Sync>(
 ) -> Result<Release> {
     let keys = &hold.keys;
     let reply: Value = match kind {
+        ReleaseKind::Now if keys.is_semaphore() => {
+            let prefix = keys.waiter_channel_prefix();
+            scripts
+                .sem_release
+                .call(client, || {
+                    (
+                        sem_keys(keys).0.into(),
+                        Value::Array(vec![
+                            Value::from(hold.owner.id_str().clone()),
+                            Value::from(prefix.as_str()),
+                            token_arg(token),
+                            expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
+                        ]),
+                    )
+                })
+                .await
+        }
+        ReleaseKind::After(_) if keys.is_semaphore() => {
+            return Err(LockError::InvalidArgument(
+                "unlock_after is not supported on a semaphore's permits".into(),
+            ));
+        }
         ReleaseKind::Now if keys.is_read_write() => {
             let prefix = keys.waiter_channel_prefix();
             scripts
@@ -473,13 +690,13 @@ pub async fn renew<C: LuaInterface + Send + Sync>(
                 let lock = &r.hold.keys;
                 args.push(Value::from(r.hold.owner.id_str().clone()));
                 match r.token {
-                    Some(token) if lock.is_read_write() => {
+                    Some(token) if lock.is_read_write() || lock.is_semaphore() => {
                         keys.push(Key::from(lock.hash_str()));
                         keys.push(Key::from(lock.leases()));
-                        let side = if lock.kind() == LockKind::Read {
-                            'r'
-                        } else {
-                            'w'
+                        let side = match lock.kind() {
+                            LockKind::Read => 'r',
+                            LockKind::Semaphore => 's',
+                            _ => 'w',
                         };
                         args.push(Value::from(format!("{side}{token}")));
                     }
@@ -532,6 +749,22 @@ pub async fn fair_leave<C: LuaInterface + Send + Sync>(
         keys.waiters_until(),
         keys.waiter_channel_prefix(),
     );
+    if keys.is_semaphore() {
+        let _: i64 = scripts
+            .sem_leave
+            .call(client, || {
+                (
+                    sem_keys(keys).0.into(),
+                    Value::Array(vec![
+                        Value::from(owner.id_str().clone()),
+                        Value::from(prefix.as_str()),
+                    ]),
+                )
+            })
+            .await
+            .map_err(|e| from_fred(e, &[keys.hash(), &waiters, &until]))?;
+        return Ok(());
+    }
     if keys.is_read_write() {
         let _: i64 = scripts
             .rw_leave

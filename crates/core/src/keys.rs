@@ -22,7 +22,9 @@
 //!
 //! A read/write lock's hash has other fields (see `scripts/rw/common.lua`), and its holds'
 //! leases are in `P:{N}:leases` (zset: the writer's owner id or `~r:<owner>` -> deadline in
-//! server milliseconds).
+//! server milliseconds). A semaphore keeps its permits and their leases the same way, and what
+//! each waiter wants in `P:{N}:wants` (see `scripts/sem/common.lua`); a count-down latch is
+//! its hash's `~latch` field.
 //!
 //! The braces are a Redis Cluster hash tag: every key and the channel of one lock live in one
 //! slot, the fencing counter included, so every script runs on Cluster (and the channel can be
@@ -136,6 +138,8 @@ pub enum LockKind {
     Read,
     /// A read/write lock's write side (`scripts/rw/`).
     Write,
+    /// A semaphore's permits (`scripts/sem/`): each acquisition is a hold of its own id.
+    Semaphore,
 }
 
 impl LockKind {
@@ -144,7 +148,7 @@ impl LockKind {
         match self {
             LockKind::Read => Some(LockKind::Write),
             LockKind::Write => Some(LockKind::Read),
-            LockKind::Plain | LockKind::Fair => None,
+            LockKind::Plain | LockKind::Fair | LockKind::Semaphore => None,
         }
     }
 }
@@ -340,7 +344,18 @@ impl LockKeys {
         self.0.kind != LockKind::Plain
     }
 
-    /// `P:{N}:leases`: a read/write lock's holds and their deadlines.
+    /// Whether these are a semaphore's keys.
+    pub fn is_semaphore(&self) -> bool {
+        self.0.kind == LockKind::Semaphore
+    }
+
+    /// `P:{N}:wants`: how many permits each of a semaphore's waiters wants.
+    pub fn wants(&self) -> String {
+        format!("{}:wants", self.hash())
+    }
+
+    /// `P:{N}:leases`: a read/write lock's holds (or a semaphore's permits) and their
+    /// deadlines.
     pub fn leases(&self) -> String {
         format!("{}:leases", self.hash())
     }
@@ -411,13 +426,14 @@ impl LockKeys {
 /// another lock's key (`{a}:queue` is lock `a`'s turn queue, `{a}:waiters` its fair queue), so
 /// such names are refused.
 /// `:fence` is the per-slot fencing counters' suffix.
-const RESERVED_SUFFIXES: [&str; 6] = [
+const RESERVED_SUFFIXES: [&str; 7] = [
     ":fence",
     ":released",
     ":queue",
     ":waiters",
     ":waiters:until",
     ":leases",
+    ":wants",
 ];
 
 /// The tag Redis Cluster would hash `name` by: the bytes between the first `{` and the first

@@ -31,6 +31,15 @@ pub const READ_FIELD_PREFIX: &str = "~r:";
 /// (`~rf:<owner>`, `@READ_FENCE@`).
 pub const READ_FENCE_FIELD_PREFIX: &str = "~rf:";
 
+/// Semaphore hash field: the number of permits (`@PERMITS@`).
+pub const PERMITS_FIELD: &str = "~permits";
+
+/// Semaphore hash field: the permits taken now (`@USED@`).
+pub const USED_FIELD: &str = "~used";
+
+/// Count-down latch hash field: the count (`@LATCH@`).
+pub const LATCH_FIELD: &str = "~latch";
+
 /// Payload of a release with nobody queued (also force unlock and settled repairs): one waiter
 /// of each subscribed client wakes (`@FREE@`).
 pub const FREE_PAYLOAD: &str = "*";

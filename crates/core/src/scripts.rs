@@ -20,8 +20,9 @@ use fred::types::{MultipleKeys, MultipleValues};
 
 use crate::error::{classify, Class};
 use crate::protocol::{
-    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, MODE_FIELD, READ_FENCE_FIELD_PREFIX,
-    READ_FIELD_PREFIX, TAKEN_PAYLOAD, TURN_FIELD_PREFIX, WRITER_FIELD,
+    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD,
+    READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, TAKEN_PAYLOAD, TURN_FIELD_PREFIX, USED_FIELD,
+    WRITER_FIELD,
 };
 
 /// A Lua script with its SHA1.
@@ -78,6 +79,10 @@ fn fill(template: &str, protocol: &Protocol) -> String {
     let lua = template
         .replace("@HAND_ON@", files::FAIR_HAND_ON)
         .replace("@RW_COMMON@", files::RW_COMMON)
+        .replace("@SEM_COMMON@", files::SEM_COMMON)
+        .replace("@PERMITS@", PERMITS_FIELD)
+        .replace("@USED@", USED_FIELD)
+        .replace("@LATCH@", LATCH_FIELD)
         .replace("@READ_FENCE@", READ_FENCE_FIELD_PREFIX)
         .replace("@READ@", READ_FIELD_PREFIX)
         .replace("@MODE@", MODE_FIELD)
@@ -120,6 +125,20 @@ pub mod files {
     pub const RW_LEAVE: &str = include_str!("scripts/rw/leave.lua");
     /// `rw/common.lua`: the layout and helpers inlined where a script says `@RW_COMMON@`.
     pub const RW_COMMON: &str = include_str!("scripts/rw/common.lua");
+    /// `sem/acquire.lua`: acquire permits of a semaphore, or queue for them.
+    pub const SEM_ACQUIRE: &str = include_str!("scripts/sem/acquire.lua");
+    /// `sem/release.lua`: give one acquisition's permits back.
+    pub const SEM_RELEASE: &str = include_str!("scripts/sem/release.lua");
+    /// `sem/leave.lua`: a semaphore's waiter gives up its place.
+    pub const SEM_LEAVE: &str = include_str!("scripts/sem/leave.lua");
+    /// `sem/set.lua`: set, try to set or change the number of permits; delete.
+    pub const SEM_SET: &str = include_str!("scripts/sem/set.lua");
+    /// `sem/common.lua`: the layout and helpers inlined where a script says `@SEM_COMMON@`.
+    pub const SEM_COMMON: &str = include_str!("scripts/sem/common.lua");
+    /// `latch/count_down.lua`: count a latch down; at zero it opens.
+    pub const LATCH_COUNT_DOWN: &str = include_str!("scripts/latch/count_down.lua");
+    /// `latch/set_count.lua`: set a latch's count if it is not set.
+    pub const LATCH_SET_COUNT: &str = include_str!("scripts/latch/set_count.lua");
 }
 
 /// The scripts of one protocol setting, built once per setting and shared by its clients.
@@ -151,6 +170,18 @@ pub struct Scripts {
     pub rw_release: LuaScript,
     /// A read/write lock's waiter leaves the line (`scripts/rw/leave.lua`).
     pub rw_leave: LuaScript,
+    /// Acquire permits of a semaphore, or queue (`scripts/sem/acquire.lua`).
+    pub sem_acquire: LuaScript,
+    /// Give permits back, or settle (`scripts/sem/release.lua`).
+    pub sem_release: LuaScript,
+    /// A semaphore's waiter leaves the line (`scripts/sem/leave.lua`).
+    pub sem_leave: LuaScript,
+    /// Set or change a semaphore's permits, or delete it (`scripts/sem/set.lua`).
+    pub sem_set: LuaScript,
+    /// Count a latch down (`scripts/latch/count_down.lua`).
+    pub latch_count_down: LuaScript,
+    /// Set a latch's count (`scripts/latch/set_count.lua`).
+    pub latch_set_count: LuaScript,
 }
 
 impl Scripts {
@@ -182,11 +213,17 @@ impl Scripts {
             rw_acquire: LuaScript::new(files::RW_ACQUIRE, &protocol),
             rw_release: LuaScript::new(files::RW_RELEASE, &protocol),
             rw_leave: LuaScript::new(files::RW_LEAVE, &protocol),
+            sem_acquire: LuaScript::new(files::SEM_ACQUIRE, &protocol),
+            sem_release: LuaScript::new(files::SEM_RELEASE, &protocol),
+            sem_leave: LuaScript::new(files::SEM_LEAVE, &protocol),
+            sem_set: LuaScript::new(files::SEM_SET, &protocol),
+            latch_count_down: LuaScript::new(files::LATCH_COUNT_DOWN, &protocol),
+            latch_set_count: LuaScript::new(files::LATCH_SET_COUNT, &protocol),
         }
     }
 
     /// Every script, for preloading and tests.
-    pub fn all(&self) -> [&LuaScript; 11] {
+    pub fn all(&self) -> [&LuaScript; 17] {
         [
             &self.acquire,
             &self.release,
@@ -199,6 +236,12 @@ impl Scripts {
             &self.rw_acquire,
             &self.rw_release,
             &self.rw_leave,
+            &self.sem_acquire,
+            &self.sem_release,
+            &self.sem_leave,
+            &self.sem_set,
+            &self.latch_count_down,
+            &self.latch_set_count,
         ]
     }
 }

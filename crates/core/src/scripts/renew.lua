@@ -6,7 +6,9 @@
 -- ARGV[1]     lease in milliseconds
 -- ARGV[2i]    owner id of item i
 -- ARGV[2i+1]  the token of the grant that hold belongs to; '' for a queue entry; 'r<token>'
---             or 'w<token>' for a read/write lock's read or write hold
+--             or 'w<token>' for a read/write lock's read or write hold; 's<token>' for a
+--             semaphore's permit (as a read hold, but the semaphore's hash and leases keep no
+--             TTL: they live with the semaphore)
 --
 -- Replies: an array with one integer per item: 1 renewed; 0 that grant is gone (expired,
 -- force-unlocked, taken by another owner, replaced by a later grant of the same owner, or the
@@ -45,7 +47,8 @@ for i = 1, (#ARGV - 1) / 2 do
   elseif string.byte(token, 1) > 57 then
     -- A read/write lock's hold ('r' or 'w' sorts after the digits): its own lease in the
     -- leases zset, which lives as long as the latest lease.
-    local read = string.sub(token, 1, 1) == 'r'
+    local side = string.sub(token, 1, 1)
+    local read = side ~= 'w'
     local field = read and ('@READ@' .. owner) or owner
     local fields = redis.pcall('HMGET', KEYS[k], field, read and ('@READ_FENCE@' .. owner) or '@FENCE@')
     if not fields.err and fields[1] and fields[2] == string.sub(token, 2)
@@ -62,8 +65,10 @@ for i = 1, (#ARGV - 1) / 2 do
         end
         local latest = redis.call('ZRANGE', KEYS[k + 1], -1, -1, 'WITHSCORES')[2]
         local ttl = math.max(tonumber(latest) - now_ms, 1)
-        redis.call('PEXPIRE', KEYS[k], ttl)
-        redis.call('PEXPIRE', KEYS[k + 1], ttl)
+        if side ~= 's' then
+          redis.call('PEXPIRE', KEYS[k], ttl)
+          redis.call('PEXPIRE', KEYS[k + 1], ttl)
+        end
         renewed[i] = 1
       else
         renewed[i] = 0

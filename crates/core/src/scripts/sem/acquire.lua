@@ -1,0 +1,114 @@
+-- Acquire permits of a semaphore, or queue for them: fair, in arrival order.
+--
+-- KEYS[1..6]  as in sem/common.lua
+-- ARGV[1]     the acquisition's id (an owner id made for it)
+-- ARGV[2]     lease in milliseconds
+-- ARGV[3]     't' a try (never queues) or 'w' a waiter's try (queues when not granted, once)
+-- ARGV[4]     ''
+-- ARGV[5]     waiter channel prefix  P:{N}:released:
+-- ARGV[6]     entry lifetime in milliseconds (the watchdog lease)
+-- ARGV[7]     how many permits
+--
+-- A request is granted when its permits are there and every waiter before it in line can be
+-- served too: nobody jumps the line, not even a releaser asking again, and a large request at
+-- the head is not overtaken by small ones (tokio's Semaphore does the same).
+--
+-- Replies: the grant's fencing token; {0, bound} when not granted (bound: how long this stays
+-- so at most without a message to this waiter; -1 when nothing bounds it, e.g. a semaphore
+-- whose permits were never set).
+
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prefix = ARGV[5]
+@SEM_COMMON@
+
+local refused = wrong_type()
+if refused then
+  return refused
+end
+local id, lease, mode, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[7])
+local member = READ .. id
+prune()
+
+-- An acquisition whose reply the client never saw holds permits under this id already: they
+-- are given back first (its guard never existed).
+if redis.call('HEXISTS', KEYS[1], member) == 1 then
+  drop_permit(member)
+end
+
+-- What the waiters before this one want.
+local ahead = 0
+local mine = redis.call('ZSCORE', KEYS[3], id)
+local before
+if mine then
+  before = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. mine)
+else
+  before = redis.call('ZRANGE', KEYS[3], 0, -1)
+end
+for _, who in ipairs(before) do
+  ahead = ahead + wants(who)
+end
+
+if available() - ahead >= n then
+  local now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
+  local fence = now
+  local stored = redis.pcall('SET', KEYS[2], now, 'GET')
+  if type(stored) == 'table' and stored.err then
+    if string.sub(stored.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE 2 the fencing counter holds another type')
+    end
+    return stored
+  end
+  if stored and (#stored > #now or (#stored == #now and stored >= now))
+      and (#stored < 19 or (#stored == 19 and stored < '9223372036854775807'))
+      and string.find(stored, '^[1-9][0-9]*$') then
+    redis.call('SET', KEYS[2], stored)
+    fence = redis.call('INCR', KEYS[2])
+  end
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('HDEL', KEYS[6], id)
+  redis.call('HSET', KEYS[1], member, n, '@READ_FENCE@' .. id, fence)
+  redis.call('HINCRBY', KEYS[1], '@USED@', n)
+  -- (The leases zset keeps no TTL: like the hash, it lives with the semaphore, and an
+  -- expired permit must stay listed until a call gives it back.)
+  redis.call('ZADD', KEYS[5], now_ms + lease, member)
+  -- The next in line may fit in what is left.
+  hand_on(id)
+  return fence
+end
+
+if mode == 'w' then
+  if not mine then
+    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    if last and tonumber(last) >= arrival then
+      arrival = tonumber(last) + 1
+    end
+    redis.call('ZADD', KEYS[3], arrival, id)
+  end
+  local life = tonumber(ARGV[6])
+  redis.call('ZADD', KEYS[4], now_ms + life, id)
+  redis.call('HSET', KEYS[6], id, n)
+  for _, key in ipairs({KEYS[3], KEYS[4], KEYS[6]}) do
+    keep_for(key, life + 1000)
+  end
+end
+-- Permits there for those before this one (their message may have been lost): tell them.
+hand_on(id)
+
+-- Until the first permit's lease or the first waiter's entry ends (a holder or a waiter ahead
+-- that died), whichever is first.
+local bound = -1
+local first_permit = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2]
+if first_permit then
+  bound = tonumber(first_permit) - now_ms
+end
+local first_entry = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
+  bound = tonumber(first_entry) - now_ms
+end
+if bound ~= -1 then
+  bound = math.max(bound, 1)
+end
+return {0, bound}

@@ -1,0 +1,99 @@
+-- (Inlined by the semaphore's scripts where they name it.) The key layout and the helper
+-- functions they share.
+--
+-- KEYS[1]  semaphore hash  P:{N}   '@PERMITS@' -> the number of permits (kept until the
+--                                  semaphore is deleted: it is configuration), '@USED@' ->
+--                                  permits taken now; per acquired permit (its id is an owner
+--                                  id): '@READ@<id>' -> how many permits it holds and
+--                                  '@READ_FENCE@<id>' -> its fencing token
+-- KEYS[2]  fence counter           P:{T}:fence (as the locks')
+-- KEYS[3]  waiters                 P:{N}:waiters        id -> arrival (server microseconds)
+-- KEYS[4]  their deadlines         P:{N}:waiters:until  id -> server ms (renewed by the
+--                                                       watchdog)
+-- KEYS[5]  permit leases           P:{N}:leases         '@READ@<id>' -> that permit's deadline
+--                                                       (server ms); lives as long as the
+--                                                       latest
+-- KEYS[6]  what each waiter wants  P:{N}:wants          id -> number of permits
+-- Needs `now_ms` (server time) and `prefix` (the waiter channel prefix P:{N}:released:).
+
+local READ = '@READ@'
+
+-- The permits not taken (negative when the number was lowered below what is taken).
+local function available()
+  local fields = redis.call('HMGET', KEYS[1], '@PERMITS@', '@USED@')
+  return tonumber(fields[1] or '0') - tonumber(fields[2] or '0')
+end
+
+-- Lengthens a key's TTL to `ttl` ms (never shortens it).
+local function keep_for(key, ttl)
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+-- Gives one acquisition's permits back.
+local function drop_permit(member)
+  local id = string.sub(member, #READ + 1)
+  local count = redis.call('HGET', KEYS[1], member)
+  if count then
+    redis.call('HINCRBY', KEYS[1], '@USED@', -tonumber(count))
+    redis.call('HDEL', KEYS[1], member, '@READ_FENCE@' .. id)
+  end
+  redis.call('ZREM', KEYS[5], member)
+end
+
+-- Permits whose lease ran out (their holder crashed or stalled) return to the pool; waiters
+-- whose entry was not renewed (their client is gone) leave the line.
+local function prune()
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, 100)
+  for _, member in ipairs(expired) do
+    drop_permit(member)
+  end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 100)
+  if #dead > 0 then
+    redis.call('ZREM', KEYS[3], unpack(dead))
+    redis.call('ZREM', KEYS[4], unpack(dead))
+    redis.call('HDEL', KEYS[6], unpack(dead))
+  end
+end
+
+-- What a waiter wants (1 when unknown).
+local function wants(id)
+  return tonumber(redis.call('HGET', KEYS[6], id) or '1')
+end
+
+-- Tells the waiters at the head of the line whose permits are there now, in order, each on
+-- its own channel: the first, and each next one while what they want together fits. `except`:
+-- a waiter not to tell (the caller), or false.
+local function hand_on(except)
+  local left = available()
+  local from = 0
+  while left > 0 do
+    local line = redis.call('ZRANGE', KEYS[3], from, from + 99)
+    for _, who in ipairs(line) do
+      left = left - wants(who)
+      if left < 0 then
+        return
+      end
+      if who ~= except then
+        redis.call('PUBLISH', prefix .. who, '@FREE@')
+      end
+    end
+    if #line < 100 then
+      return
+    end
+    from = from + 100
+  end
+end
+
+-- Refuses keys of another type: error 'WRONGTYPE <i> ...', or nil when all are fine.
+local function wrong_type()
+  local want = {'hash', nil, 'zset', 'zset', 'zset', 'hash'}
+  for _, i in ipairs({1, 3, 4, 5, 6}) do
+    local kind = redis.call('TYPE', KEYS[i])['ok']
+    if kind ~= 'none' and kind ~= want[i] then
+      return redis.error_reply('WRONGTYPE ' .. i .. ' a semaphore key holds another type')
+    end
+  end
+  return nil
+end

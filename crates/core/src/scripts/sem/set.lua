@@ -1,0 +1,42 @@
+-- Set, try to set, or change a semaphore's number of permits, or delete the semaphore.
+--
+-- KEYS[1..6]  as in sem/common.lua
+-- ARGV[1]     'try' (set only if never set), 'set', 'add' (ARGV[2] may be negative), 'delete'
+-- ARGV[2]     the number
+-- ARGV[3]     waiter channel prefix  P:{N}:released:
+--
+-- Replies: 1 changed, 0 not ('try' on a semaphore already set, 'delete' of nothing). Waiters
+-- whose permits are now there are told. Lowering the number below what is taken is allowed:
+-- new acquisitions wait until enough permits come back.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prefix = ARGV[3]
+@SEM_COMMON@
+
+local refused = wrong_type()
+if refused then
+  return refused
+end
+local op, n = ARGV[1], tonumber(ARGV[2])
+if op == 'delete' then
+  -- Every waiter is told (it finds no permits and waits for a new number, or gives up);
+  -- holders learn at their next renewal that their permits are gone.
+  local line = redis.call('ZRANGE', KEYS[3], 0, -1)
+  for _, who in ipairs(line) do
+    redis.call('PUBLISH', prefix .. who, '@FREE@')
+  end
+  return redis.call('DEL', KEYS[1], KEYS[5]) > 0 and 1 or 0
+end
+prune()
+if op == 'try' then
+  if redis.call('HEXISTS', KEYS[1], '@PERMITS@') == 1 then
+    return 0
+  end
+  redis.call('HSET', KEYS[1], '@PERMITS@', n)
+elseif op == 'set' then
+  redis.call('HSET', KEYS[1], '@PERMITS@', n)
+else
+  redis.call('HINCRBY', KEYS[1], '@PERMITS@', n)
+end
+hand_on(false)
+return 1

@@ -1,0 +1,174 @@
+//! [`Latch`]: a distributed count-down latch ("start when all N workers are ready").
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::commands::{self, Waiter};
+use leasehold_core::telemetry::LockMetrics;
+use leasehold_core::{LockKeys, Result};
+use tokio::time::Instant;
+
+use crate::client::ClientInner;
+use crate::wait::{self, Attempt, Line, Tried};
+
+/// A handle on one distributed count-down latch: [`Latch::wait`] returns once the count,
+/// set by [`Latch::try_set_count`], has been counted down to zero by [`Latch::count_down`]
+/// calls from any client.
+///
+/// Waiters are woken by a message when the count reaches zero; a waiter that missed it (its
+/// subscriber connection was lost) looks again at least once a second, so none is stranded.
+/// The count is kept in Redis (no TTL) until it reaches zero; then the latch is gone, and
+/// `try_set_count` may start a new round.
+///
+/// ```
+/// # leasehold_testkit::with_redis(|url| async move {
+/// let client = leasehold::LockClient::connect(&url).await?;
+/// let ready = client.latch("migration:workers-ready")?;
+/// ready.try_set_count(2).await?;
+/// let waiting = tokio::spawn({
+///     let ready = ready.clone();
+///     async move { ready.wait().await }
+/// });
+/// ready.count_down().await?; // worker 1 ready
+/// ready.count_down().await?; // worker 2 ready: the waiter goes
+/// waiting.await.unwrap()?;
+/// assert_eq!(ready.count().await?, 0);
+/// # Ok::<(), leasehold::LockError>(()) });
+/// ```
+#[derive(Clone)]
+pub struct Latch {
+    client: Arc<ClientInner>,
+    keys: LockKeys,
+}
+
+impl fmt::Debug for Latch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Latch")
+            .field("name", &self.keys.name())
+            .field("key", &self.keys.hash())
+            .finish()
+    }
+}
+
+impl Latch {
+    pub(crate) fn new(client: Arc<ClientInner>, keys: LockKeys) -> Latch {
+        Latch { client, keys }
+    }
+
+    /// The latch's name.
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// Sets the count if the latch is not counting down already (Redisson's `trySetCount`);
+    /// returns whether it was set. A count of zero sets nothing (the latch is open).
+    pub async fn try_set_count(&self, count: u64) -> Result<bool> {
+        if count == 0 {
+            return Ok(false);
+        }
+        let client = &self.client;
+        // Boxed (here and below): a script call's future is large in a debug build.
+        Box::pin(client.call(
+            client.command_timeout,
+            commands::latch_set_count(&client.redis, &client.scripts, &self.keys, count),
+        ))
+        .await
+    }
+
+    /// Counts down by one; at zero every waiter is woken. Returns the count left (0 once
+    /// open; counting down an open latch does nothing).
+    pub async fn count_down(&self) -> Result<u64> {
+        let client = &self.client;
+        Box::pin(client.call(
+            client.command_timeout,
+            commands::latch_count_down(&client.redis, &client.scripts, &self.keys),
+        ))
+        .await
+    }
+
+    /// The count now (0: open).
+    pub async fn count(&self) -> Result<u64> {
+        let client = &self.client;
+        Box::pin(client.call(
+            client.command_timeout,
+            commands::latch_count(&client.redis, &self.keys),
+        ))
+        .await
+    }
+
+    /// Waits until the count reaches zero (at once if it is zero, or was never set).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait only leaves the client's local line (and its channel
+    /// subscription lingers, then goes); it changes nothing in Redis.
+    pub async fn wait(&self) -> Result<()> {
+        let mut attempt = LatchAttempt { latch: self };
+        Box::pin(wait::acquire(&self.client, &self.keys, &mut attempt, None)).await?;
+        Ok(())
+    }
+
+    /// Waits at most `timeout` for the count to reach zero; returns whether it did.
+    ///
+    /// # Cancel safety
+    /// As [`Latch::wait`].
+    pub async fn wait_for(&self, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout.min(leasehold_core::MAX_LEASE);
+        let mut attempt = LatchAttempt { latch: self };
+        let opened = Box::pin(wait::acquire(
+            &self.client,
+            &self.keys,
+            &mut attempt,
+            Some(deadline),
+        ))
+        .await?;
+        Ok(opened.is_some())
+    }
+}
+
+/// One look at a latch, as the waiting engine drives it: open is a "grant" that excludes
+/// nobody.
+struct LatchAttempt<'a> {
+    latch: &'a Latch,
+}
+
+impl Attempt for LatchAttempt<'_> {
+    type Grant = ();
+
+    async fn attempt(
+        &mut self,
+        _waiter: Option<Waiter<'_>>,
+        budget: Duration,
+    ) -> Result<Tried<()>> {
+        let client = &self.latch.client;
+        let count = client
+            .call(
+                budget,
+                commands::latch_count(&client.redis, &self.latch.keys),
+            )
+            .await?;
+        // Closed: nothing bounds how long (no lease); the engine looks again every second in
+        // case the opening message was lost.
+        Ok(if count == 0 {
+            Tried::Granted(())
+        } else {
+            Tried::Busy(None)
+        })
+    }
+
+    fn lease(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn metrics(&self) -> &LockMetrics {
+        &self.latch.client.lock_metrics
+    }
+
+    fn line(&self) -> Line {
+        Line::Broadcast
+    }
+
+    fn exclusive(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,459 @@
+//! The semaphore (`LockClient::semaphore`) with leased, owned, fenced permits, and the
+//! count-down latch (`LockClient::latch`), against real redis-servers.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, client_with_lease, cmd, eventually, lock_keys, server, zcard};
+use leasehold::{LockClient, LockError};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// The semaphore's keys that may stay: its hash, which keeps the number of permits.
+fn leftovers(redis: &leasehold_testkit::RedisServer, name: &str) -> Vec<String> {
+    let hash = format!("leasehold:{{{name}}}");
+    lock_keys(redis)
+        .into_iter()
+        .filter(|k| *k != hash)
+        .collect()
+}
+
+/// The test: N permits, 5N contenders over several clients; never more than N hold
+/// at once (the recorded intervals are checked), and everyone is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_n_at_once() {
+    let redis = server();
+    let url = redis.url();
+    const N: usize = 3;
+    let mut clients: Vec<LockClient> = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&url).await);
+    }
+    assert!(clients[0]
+        .semaphore("exports")
+        .unwrap()
+        .try_set_permits(N as u64)
+        .await
+        .unwrap());
+    let intervals = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 * N {
+        let semaphore = clients[i % 4].semaphore("exports").unwrap();
+        let intervals = intervals.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let permit = semaphore.acquire(1).await.unwrap();
+                let start = Instant::now();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let end = Instant::now();
+                permit.release().await.unwrap();
+                intervals.lock().push((start, end));
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every contender is served")
+            .unwrap();
+    }
+    let intervals = intervals.lock().clone();
+    assert_eq!(intervals.len(), 5 * N * 3);
+    // The most intervals overlapping at any start instant.
+    let most = intervals
+        .iter()
+        .map(|(at, _)| intervals.iter().filter(|(s, e)| s <= at && at < e).count())
+        .max()
+        .unwrap();
+    assert!(most <= N, "{most} holders at once with {N} permits");
+    let semaphore = clients[0].semaphore("exports").unwrap();
+    assert_eq!(semaphore.available_permits().await.unwrap(), N as i64);
+    assert_eq!(leftovers(&redis, "exports"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn permits_have_ids_tokens_and_typed_errors() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let semaphore = a.semaphore("pool").unwrap();
+    // Never set: nothing to take.
+    assert!(semaphore.try_acquire(1).await.unwrap().is_none());
+    assert!(semaphore.try_set_permits(3).await.unwrap());
+    assert!(!semaphore.try_set_permits(5).await.unwrap(), "set once");
+    assert_eq!(semaphore.permits().await.unwrap(), 3);
+    let two = semaphore.try_acquire(2).await.unwrap().expect("two free");
+    let one = semaphore.try_acquire(1).await.unwrap().expect("one free");
+    assert!(semaphore.try_acquire(1).await.unwrap().is_none());
+    assert_ne!(two.id(), one.id());
+    assert!(one.fencing_token() > two.fencing_token());
+    assert_eq!(
+        (two.permits(), semaphore.available_permits().await.unwrap()),
+        (2, 0)
+    );
+    // Released by id from another client.
+    let other = b.semaphore("pool").unwrap();
+    let id = two.id().to_string();
+    std::mem::forget(two);
+    other.release_permit(&id).await.unwrap();
+    assert_eq!(semaphore.available_permits().await.unwrap(), 2);
+    // Unknown and already released ids are typed errors.
+    assert!(matches!(
+        other.release_permit(&id).await,
+        Err(LockError::NotHeld { .. })
+    ));
+    assert!(matches!(
+        other.release_permit("nobody:o1").await,
+        Err(LockError::NotHeld { .. })
+    ));
+    assert!(matches!(
+        semaphore.try_acquire(0).await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    one.release().await.unwrap();
+    assert_eq!(semaphore.available_permits().await.unwrap(), 3);
+    assert!(semaphore.delete().await.unwrap());
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// Changing the number of permits while permits are held: lowering it below what is taken
+/// makes new acquisitions wait until enough come back; raising it wakes waiters.
+#[tokio::test]
+async fn changing_the_number_of_permits_while_they_are_held() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let semaphore = a.semaphore("workers").unwrap();
+    semaphore.set_permits(2).await.unwrap();
+    let p1 = semaphore.acquire(1).await.unwrap();
+    let p2 = semaphore.acquire(1).await.unwrap();
+    semaphore.set_permits(1).await.unwrap();
+    assert_eq!(semaphore.available_permits().await.unwrap(), -1);
+    let waiter = {
+        let semaphore = b.semaphore("workers").unwrap();
+        tokio::spawn(async move { semaphore.acquire(1).await.map(|p| p.id().to_string()) })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || zcard(
+            &redis,
+            &semaphore.keys().waiters()
+        ) == 1)
+        .await
+    );
+    p1.release().await.unwrap();
+    // Still none free (one permit, one taken).
+    assert_eq!(semaphore.available_permits().await.unwrap(), 0);
+    assert!(!waiter.is_finished());
+    // Raising the number wakes the waiter at once.
+    semaphore.add_permits(1).await.unwrap();
+    let id = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the new permit")
+        .unwrap()
+        .unwrap();
+    assert!(!id.is_empty());
+    p2.release().await.unwrap();
+}
+
+/// Waiting is fair: a holder that releases and asks again at once lines up behind the waiter
+/// that was already queued.
+#[tokio::test]
+async fn a_releaser_asking_again_does_not_jump_the_line() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let semaphore = a.semaphore("one").unwrap();
+    semaphore.set_permits(1).await.unwrap();
+    let permit = semaphore.acquire(1).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let waiter = {
+        let semaphore = b.semaphore("one").unwrap();
+        let order = order.clone();
+        tokio::spawn(async move {
+            let permit = semaphore.acquire(1).await.unwrap();
+            order.lock().push("waiter");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            permit.release().await.unwrap();
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || zcard(
+            &redis,
+            &semaphore.keys().waiters()
+        ) == 1)
+        .await
+    );
+    permit.release().await.unwrap();
+    let again = semaphore.acquire(1).await.unwrap();
+    order.lock().push("releaser");
+    again.release().await.unwrap();
+    waiter.await.unwrap();
+    assert_eq!(*order.lock(), vec!["waiter", "releaser"]);
+}
+
+/// A large request at the head is not overtaken by small ones.
+#[tokio::test]
+async fn a_large_request_first_in_line_is_served_first() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+    let semaphore = a.semaphore("big").unwrap();
+    semaphore.set_permits(3).await.unwrap();
+    let held = semaphore.acquire(2).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let big = {
+        let semaphore = b.semaphore("big").unwrap();
+        let order = order.clone();
+        tokio::spawn(async move {
+            let permit = semaphore.acquire(3).await.unwrap();
+            order.lock().push("big");
+            permit.release().await.unwrap();
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || zcard(
+            &redis,
+            &semaphore.keys().waiters()
+        ) == 1)
+        .await
+    );
+    // One permit is free, but the big request is first: a small one waits behind it.
+    let small = c.semaphore("big").unwrap();
+    assert!(small.try_acquire(1).await.unwrap().is_none());
+    let small_task = {
+        let order = order.clone();
+        tokio::spawn(async move {
+            let permit = small.acquire(1).await.unwrap();
+            order.lock().push("small");
+            permit.release().await.unwrap();
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || zcard(
+            &redis,
+            &semaphore.keys().waiters()
+        ) == 2)
+        .await
+    );
+    held.release().await.unwrap();
+    big.await.unwrap();
+    small_task.await.unwrap();
+    assert_eq!(*order.lock(), vec!["big", "small"]);
+}
+
+/// A SIGKILLed holder's permit returns to the pool when its lease ends, and a waiter gets it
+/// within a bound; meanwhile the watchdog keeps a live holder's permit past three leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_permit_returns_and_a_live_one_is_renewed() {
+    let redis = server();
+    let url = redis.url();
+    let lease = Duration::from_millis(1500);
+    let a = client_with_lease(&url, lease).await;
+    let semaphore = a.semaphore("slots").unwrap();
+    semaphore.set_permits(2).await.unwrap();
+    let child = common::spawn_permit_holder(&redis, "slots", lease);
+    let mine = semaphore.acquire(1).await.unwrap();
+    let b = client_with_lease(&url, lease).await;
+    let waiter = {
+        let semaphore = b.semaphore("slots").unwrap();
+        tokio::spawn(async move {
+            let permit = semaphore.acquire(1).await.unwrap();
+            let at = Instant::now();
+            permit.release().await.unwrap();
+            at
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || zcard(
+            &redis,
+            &semaphore.keys().waiters()
+        ) == 1)
+        .await
+    );
+    child.kill().unwrap();
+    let killed = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter gets the dead holder's permit")
+        .unwrap();
+    // The dead permit's lease ends at most one lease after its last renewal; generous slack.
+    assert!(
+        got - killed < lease + Duration::from_secs(2),
+        "the waiter got the permit {:?} after the kill",
+        got - killed
+    );
+    // Three leases of holding: renewed all along.
+    tokio::time::sleep(lease * 3).await;
+    assert!(mine.is_held());
+    assert!(a.watchdog_stats().renewed >= 3, "{:?}", a.watchdog_stats());
+    mine.release().await.unwrap();
+    assert_eq!(semaphore.available_permits().await.unwrap(), 2);
+    assert_eq!(leftovers(&redis, "slots"), Vec::<String>::new());
+}
+
+/// An explicit lease is never renewed: the permit returns when it ends, and its guard knows.
+#[tokio::test]
+async fn an_explicit_lease_ends_and_the_permit_is_lost() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    let semaphore = a.semaphore("short").unwrap();
+    semaphore.set_permits(1).await.unwrap();
+    let permit = semaphore
+        .acquire_with_lease(1, Duration::from_millis(300))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), permit.lost())
+        .await
+        .expect("the permit's lease ends");
+    let next = semaphore
+        .try_acquire_for(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the permit came back");
+    assert!(matches!(
+        permit.release().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    next.release().await.unwrap();
+}
+
+/// Cancel safety: acquisitions dropped at their first await (before the send, or in flight)
+/// and waits cancelled in line leave no permit taken and no entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_leave_nothing_behind() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let semaphore = a.semaphore("cancel").unwrap();
+    semaphore.set_permits(2).await.unwrap();
+    for _ in 0..30 {
+        let attempt = semaphore.try_acquire(1);
+        let _ = tokio::time::timeout(Duration::from_micros(1), attempt).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || cmd(
+            &redis,
+            &["HGET", semaphore.keys().hash(), "~used"]
+        )
+        .as_str()
+        .is_none_or(|used| used == "0"))
+        .await,
+        "permits left taken"
+    );
+    let held = semaphore.acquire(2).await.unwrap();
+    let other = b.semaphore("cancel").unwrap();
+    let waiting = tokio::spawn(async move { other.acquire(1).await.map(|_| ()) });
+    assert!(
+        eventually(Duration::from_secs(10), || zcard(
+            &redis,
+            &semaphore.keys().waiters()
+        ) == 1)
+        .await
+    );
+    waiting.abort();
+    let _ = waiting.await;
+    assert!(
+        eventually(Duration::from_secs(10), || zcard(
+            &redis,
+            &semaphore.keys().waiters()
+        ) == 0)
+        .await
+    );
+    held.release().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || leftovers(&redis, "cancel")
+            .is_empty())
+        .await,
+        "left behind: {:?}",
+        leftovers(&redis, "cancel")
+    );
+    assert_eq!(semaphore.available_permits().await.unwrap(), 2);
+}
+
+/// The latch: several clients count down; waiters on every client go when it reaches zero.
+#[tokio::test]
+async fn a_latch_opens_for_every_waiter() {
+    let redis = server();
+    let url = redis.url();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&url).await);
+    }
+    let latch = clients[0].latch("ready").unwrap();
+    assert!(latch.try_set_count(3).await.unwrap());
+    assert!(!latch.try_set_count(5).await.unwrap());
+    let opened = Arc::new(AtomicUsize::new(0));
+    let mut waiters = Vec::new();
+    for i in 0..6 {
+        let latch = clients[i % 3].latch("ready").unwrap();
+        let opened = opened.clone();
+        waiters.push(tokio::spawn(async move {
+            latch.wait().await.unwrap();
+            opened.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    assert!(!latch.wait_for(Duration::from_millis(100)).await.unwrap());
+    for (i, client) in clients.iter().enumerate() {
+        let left = client.latch("ready").unwrap().count_down().await.unwrap();
+        assert_eq!(left, 2 - i as u64);
+    }
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("every waiter goes")
+            .unwrap();
+    }
+    assert_eq!(opened.load(Ordering::SeqCst), 6);
+    assert_eq!(latch.count().await.unwrap(), 0);
+    assert_eq!(
+        latch.count_down().await.unwrap(),
+        0,
+        "an open latch stays open"
+    );
+    assert!(latch.wait_for(Duration::ZERO).await.unwrap());
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// A waiter whose opening message is lost (its subscriber connection killed just before the
+/// count reaches zero) still goes: the reconnect wakes it, and the timer looks again anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_waiter_that_missed_the_message_still_goes() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let latch = a.latch("lost").unwrap();
+    latch.try_set_count(1).await.unwrap();
+    let waiter = {
+        let latch = b.latch("lost").unwrap();
+        tokio::spawn(async move { latch.wait().await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || b.waiters() == 1
+            && common::cmd(
+                &redis,
+                &["PUBSUB", "NUMSUB", "leasehold:{lost}:released"]
+            )
+            .as_array()
+            .unwrap()[1]
+                .as_int()
+                == Some(1))
+        .await
+    );
+    cmd(&redis, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let opened_at = Instant::now();
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter goes without the message")
+        .unwrap()
+        .unwrap();
+    assert!(opened_at.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn child_holder_entry_point() {
+    common::run_child_holder_if_asked();
+}
