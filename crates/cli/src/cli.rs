@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 /// The Redis used when neither `--url` nor `REDIS_URL` names one.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
-/// Inspect, list and force-unlock leasehold locks in Redis, or play the demo.
+/// Inspect, list and force-unlock leasehold locks in Redis (and see its semaphores and
+/// count-down latches), or play the demo.
 #[derive(Debug, Parser)]
 #[command(name = "leasehold", version, about, propagate_version = true)]
 pub struct Cli {
@@ -44,16 +45,18 @@ impl Cli {
 pub enum Command {
     /// Show one lock: its kind (lock, fair, rwlock), holders and hold counts (a read/write
     /// lock's mode, writer and readers with their tokens and leases), lease left, fencing token
-    /// and queue.
+    /// and queue. A semaphore: its permits total, taken and available, each holder's permits,
+    /// token and lease, and its waiters with the permits each wants. A latch: its count.
     Inspect {
-        /// The lock name, as given to `client.lock(NAME)`.
+        /// The lock name, as given to `client.lock(NAME)` (or `semaphore`, `latch`).
         name: String,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
-    /// List the locks under the prefix (SCAN, never KEYS), with kind, mode, holders, queue
-    /// length and lease left.
+    /// List the locks, semaphores and latches under the prefix (SCAN, never KEYS), with kind,
+    /// mode (a semaphore's permits taken, a latch's count), holders, queue length and lease
+    /// left.
     List {
         /// Glob on the lock name (`*`, `?`, `[a-z]`, `\` escapes).
         #[arg(default_value = "*")]
@@ -62,8 +65,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// A refreshing view of the locks under the prefix: kind, mode, holder, hold count, lease
-    /// left, entries queued, fencing token and the grants seen while watching.
+    /// A refreshing view of the locks (and semaphores and latches) under the prefix: kind,
+    /// mode, holder, hold count, lease left, entries queued, fencing token and the grants seen
+    /// while watching.
     Watch {
         /// Glob on the lock name (`*`, `?`, `[a-z]`, `\` escapes).
         #[arg(default_value = "*")]
@@ -75,7 +79,8 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
-    /// Release a lock whoever holds it, and wake its waiters.
+    /// Release a lock whoever holds it, and wake its waiters. A semaphore or a latch is
+    /// refused: it is not a lock.
     Unlock {
         /// Required: this removes someone else's hold. The holder only notices at its next
         /// renewal, so it may still be working on the resource meanwhile.

@@ -1,8 +1,10 @@
-//! `leasehold inspect NAME`: one lock as Redis holds it right now.
+//! `leasehold inspect NAME`: one lock, semaphore or count-down latch as Redis holds it right
+//! now.
 //!
 //! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, PUBSUB NUMSUB, ZRANGE
-//! of the turn queue, the waiters, their deadlines and a read/write lock's leases, and TIME for
-//! the server's clock those deadlines are in). It is a snapshot, not a transaction: a lock
+//! of the turn queue, the waiters, their deadlines and a read/write lock's or a semaphore's
+//! leases, HGETALL of the permits a semaphore's waiters want, and TIME for the server's clock
+//! those deadlines are in). It is a snapshot, not a transaction: a lock
 //! released between two of those replies shows up half-gone, which an operator tool can live
 //! with (run it again) and which keeps it free of scripts that would need their own ACL
 //! permissions. A zset read that is refused (a key of another type, or the ACL denies it)
@@ -21,52 +23,71 @@ use leasehold_core::protocol::FENCE_FIELD;
 use serde::Serialize;
 
 use crate::connect::connect;
-use crate::layout::{self, Kind, Mode, Waiter};
+use crate::layout::{self, Kind, Mode, Permits, Waiter};
 use crate::render;
 
 pub use crate::layout::Holder;
 
-/// What a lock's keys hold right now.
+/// What a lock's (or a semaphore's, or a latch's) keys hold right now.
 #[derive(Debug, Clone, Serialize)]
 pub struct LockState {
     /// The lock name.
     pub name: String,
     /// The lock hash `P:{N}`.
     pub key: String,
-    /// `reentrant` (a leasehold lock hash, of any [`lock_kind`](Self::lock_kind)), `none` (not
-    /// locked), or `foreign:<type>` for a key that is not a leasehold lock (another type, or a
-    /// hash whose values are not what a lock keeps).
+    /// `reentrant` (a leasehold lock hash, of any [`lock_kind`](Self::lock_kind)), `semaphore`
+    /// or `latch` (those hashes: not locks), `none` (not locked; no semaphore or latch either),
+    /// or `foreign:<type>` for a key that is not a leasehold lock (another type, or a hash
+    /// whose values are not what a lock keeps).
     pub kind: String,
     /// Which lock: `lock` (plain; also a fair lock nobody waits for, which looks the same),
-    /// `fair` (a fair lock with waiters) or `rwlock` (a read/write lock); `null` unless `kind`
-    /// is `reentrant`.
+    /// `fair` (a fair lock with waiters) or `rwlock` (a read/write lock); `semaphore` or
+    /// `latch` for those; `null` when `kind` is `none` or `foreign:...`.
     pub lock_kind: Option<Kind>,
     /// A read/write lock's mode, `read` or `write`; `null` for other kinds, and for a
     /// read/write lock reserved for a waiting writer's turn (no holds).
     pub mode: Option<Mode>,
     /// Each holder: owner id and hold count (one owner for an exclusive lock), and for a
-    /// read/write lock each hold's role, token and lease.
+    /// read/write lock each hold's role, token and lease; for a semaphore each acquisition:
+    /// its id, permits, token and lease.
     pub holders: Vec<Holder>,
-    /// Lease left in milliseconds; `null` when the key is absent or never expires.
+    /// Lease left in milliseconds; `null` when the key is absent or never expires (a
+    /// semaphore's and a latch's hash never do: a semaphore's permits have their own leases).
     pub ttl_ms: Option<u64>,
     /// The key exists but has no expiry: it will never free itself (only force-unlock does).
+    /// Always so for a semaphore and a latch, by design.
     pub no_expiry: bool,
     /// The fencing token of the current grant (the hash's `~fence` field: a read/write lock's
     /// writer's); `null` when free or only read-held (each reader has its own token).
     pub fence: Option<u64>,
     /// Connections subscribed to the release channel: one per waiting client process, not per
-    /// waiting task (a client shares one subscription among its waiters). A fair or read/write
-    /// lock's waiters listen on channels of their own instead (see `queue`).
+    /// waiting task (a client shares one subscription among its waiters); a latch's waiters
+    /// too. A fair or read/write lock's and a semaphore's waiters listen on channels of their
+    /// own instead (see `queue`).
     pub waiters: u64,
-    /// A fair or read/write lock's waiters in the order they are served (`P:{N}:waiters`).
+    /// A fair or read/write lock's or a semaphore's waiters in the order they are served
+    /// (`P:{N}:waiters`).
     pub queue: Vec<Waiter>,
     /// A plain lock's clients queued for a turn, in turn order (`P:{N}:queue`: client ids, one
     /// per client however many of its tasks wait).
     pub queued_clients: Vec<String>,
+    /// A semaphore's number of permits (`~permits`; 0 when never set, negative after more
+    /// were taken away than there were); `null` for other kinds.
+    pub permits: Option<i64>,
+    /// A semaphore's permits taken now (`~used`, expired acquisitions included until the
+    /// semaphore's next call gives them back); `null` for other kinds.
+    pub permits_taken: Option<i64>,
+    /// A semaphore's permits not taken (negative when the number was lowered below what is
+    /// taken); `null` for other kinds.
+    pub permits_available: Option<i64>,
+    /// A count-down latch's count (`~latch`: it opens, and its key goes, at zero); `null` for
+    /// other kinds.
+    pub count: Option<u64>,
 }
 
 impl LockState {
-    /// Whether the lock is held (or reserved for a turn) right now.
+    /// Whether the lock is held (or reserved for a turn) right now (never for a semaphore or a
+    /// latch: they are not locks).
     pub fn is_locked(&self) -> bool {
         self.kind == "reentrant"
     }
@@ -89,8 +110,12 @@ pub async fn run(url: &str, prefix: &str, name: &str, json: bool) -> anyhow::Res
 pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState> {
     let pipeline = redis.pipeline();
     let redis_error = LockError::from_redis;
-    let (waiters_key, until_key, leases_key) =
-        (keys.waiters(), keys.waiters_until(), keys.leases());
+    let (waiters_key, until_key, leases_key, wants_key) = (
+        keys.waiters(),
+        keys.waiters_until(),
+        keys.leases(),
+        keys.wants(),
+    );
     // Queuing in a pipeline sends nothing and cannot fail on the wire.
     let _: () = pipeline.r#type(keys.hash()).await.map_err(redis_error)?;
     let _: () = pipeline.hgetall(keys.hash()).await.map_err(redis_error)?;
@@ -109,6 +134,10 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
             .await
             .map_err(redis_error)?;
     }
+    let _: () = pipeline
+        .hgetall(wants_key.as_str())
+        .await
+        .map_err(redis_error)?;
     // The server's clock, from the node of the lock's slot: deadlines are in its time.
     let _: () = pipeline
         .custom(
@@ -134,6 +163,16 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
     let queued_clients = next().ok().map_or_else(Vec::new, |v| layout::members(&v));
     let mut zset = || next().ok().map_or_else(Vec::new, |v| layout::scored(&v));
     let (line, until, leases) = (zset(), zset(), zset());
+    // A semaphore's waiters' wants; a foreign key, or values that are not counts, read as none.
+    let wanted: HashMap<String, u64> = next()
+        .ok()
+        .and_then(|v| v.convert::<HashMap<String, String>>().ok())
+        .map(|m| {
+            m.into_iter()
+                .filter_map(|(id, n)| Some((id, n.parse().ok()?)))
+                .collect()
+        })
+        .unwrap_or_default();
     let now_us = next()
         .ok()
         .and_then(|v| layout::time_us(&v))
@@ -155,18 +194,23 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
     let (kind, reading) = match key_type.as_str() {
         "none" => ("none".to_string(), None),
         "hash" => match reading {
-            Some(reading) => ("reentrant".to_string(), Some(reading)),
+            Some(reading) if reading.kind.is_lock() => ("reentrant".to_string(), Some(reading)),
+            Some(reading) => (reading.kind.as_str().to_string(), Some(reading)),
             None => ("foreign:hash".to_string(), None),
         },
         other => (format!("foreign:{other}"), None),
     };
-    // The queue is read by the lock's kind; with no lock, by what its scores say.
+    // The queue is read by the lock's kind; with no lock, by what its keys say (a semaphore
+    // whose permits were never set has waiters and their wants, and no hash).
     let queue_kind = reading
         .as_ref()
         .map(|r| r.kind)
+        .or((!wanted.is_empty()).then_some(Kind::Semaphore))
         .or(queued_kind)
         .unwrap_or(Kind::Fair);
-    let queue = layout::queue(queue_kind, &line, &until, now_us);
+    let queue = layout::queue(queue_kind, &line, &until, &wanted, now_us);
+    let permits = reading.as_ref().and_then(|r| r.permits);
+    let count = reading.as_ref().and_then(|r| r.count);
     Ok(LockState {
         name: keys.name().to_string(),
         key: keys.hash().to_string(),
@@ -180,6 +224,10 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         waiters,
         queue,
         queued_clients,
+        permits: permits.map(|p| p.total),
+        permits_taken: permits.map(|p| p.taken),
+        permits_available: permits.map(Permits::available),
+        count,
     })
 }
 
@@ -200,11 +248,21 @@ fn numsub_count(value: &Value) -> u64 {
 
 /// The human-readable account of `state`.
 pub fn describe(state: &LockState) -> String {
+    match state.lock_kind {
+        Some(Kind::Semaphore) => return describe_semaphore(state),
+        Some(Kind::Latch) => return describe_latch(state),
+        _ => {}
+    }
     let mut rows = vec![
         vec!["lock".into(), state.name.clone()],
         vec!["key".into(), state.key.clone()],
     ];
     let kind = match (state.kind.as_str(), state.lock_kind) {
+        ("none", _) if state.queue.iter().any(|w| w.permits.is_some()) => {
+            "none (not locked; the waiters below wait for permits of a semaphore whose number \
+             was never set)"
+                .to_string()
+        }
         ("none", _) => "none (not locked)".to_string(),
         ("reentrant", Some(Kind::Fair)) => {
             "fair (reentrant; waiters are served in arrival order)".to_string()
@@ -272,6 +330,68 @@ pub fn describe(state: &LockState) -> String {
     render::table(&rows)
 }
 
+/// A semaphore: its permits, each acquisition and the line of waiters.
+fn describe_semaphore(state: &LockState) -> String {
+    let mut rows = vec![
+        vec!["semaphore".into(), state.name.clone()],
+        vec!["key".into(), state.key.clone()],
+        vec![
+            "kind".into(),
+            "semaphore (permits; waiters are served in arrival order)".into(),
+        ],
+    ];
+    let (total, taken) = (state.permits.unwrap_or(0), state.permits_taken.unwrap_or(0));
+    let available = state.permits_available.unwrap_or(total - taken);
+    let mut permits = format!("{total} total, {taken} taken, {available} available");
+    if available < 0 {
+        permits.push_str(" (the number was lowered below what is taken: acquisitions wait)");
+    }
+    rows.push(vec!["permits".into(), permits]);
+    for holder in &state.holders {
+        let mut text = format!(
+            "{}  permits {}",
+            holder.owner,
+            holder.permits.unwrap_or(holder.hold_count)
+        );
+        if let Some(token) = holder.token {
+            text.push_str(&format!("  token {token}"));
+        }
+        text.push_str("  lease ");
+        text.push_str(&match holder.lease_ms {
+            Some(ms) => life(ms, "(its permits return at the semaphore's next call)"),
+            None => "unknown (no entry in :leases)".into(),
+        });
+        rows.push(vec!["holder".into(), text]);
+    }
+    if state.holders.is_empty() {
+        rows.push(vec!["holders".into(), "none (no permits taken)".into()]);
+    }
+    rows.extend(queue_rows(state));
+    render::table(&rows)
+}
+
+/// A count-down latch: its count and the clients waiting for zero.
+fn describe_latch(state: &LockState) -> String {
+    let count = state.count.unwrap_or(0);
+    render::table(&[
+        vec!["latch".into(), state.name.clone()],
+        vec!["key".into(), state.key.clone()],
+        vec!["kind".into(), "latch (count-down latch)".into()],
+        vec![
+            "count".into(),
+            format!("{count} (it opens at zero: Latch::count_down counts it down)"),
+        ],
+        vec![
+            "waiters".into(),
+            format!(
+                "{} client{} subscribed to the release channel (waiting for zero)",
+                state.waiters,
+                plural(state.waiters as usize)
+            ),
+        ],
+    ])
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""
@@ -312,18 +432,29 @@ fn life(ms: i64, after: &str) -> String {
     }
 }
 
-/// The queue: a fair or read/write lock's waiters in order (R/W for a read/write lock's), and
-/// a plain lock's clients queued for a turn.
+/// The queue: a fair or read/write lock's waiters in order (R/W for a read/write lock's), a
+/// semaphore's with the permits each wants, and a plain lock's clients queued for a turn.
 fn queue_rows(state: &LockState) -> Vec<Vec<String>> {
     let mut lines = Vec::new();
+    let owner = if state.lock_kind == Some(Kind::Semaphore) {
+        "semaphore"
+    } else {
+        "lock"
+    };
     for (i, waiter) in state.queue.iter().enumerate() {
         let wants = waiter.wants.map_or("", |m| m.letter());
         let entry = match waiter.entry_ms {
-            Some(ms) => life(ms, "(its client is gone; dropped at the lock's next call)"),
+            Some(ms) => life(
+                ms,
+                &format!("(its client is gone; dropped at the {owner}'s next call)"),
+            ),
             None => "without a deadline".into(),
         };
+        let permits = waiter.permits.map_or_else(String::new, |n| {
+            format!("  wants {n} permit{}", plural(n as usize))
+        });
         lines.push(format!(
-            "{}. {}{}{}  waiting {}  entry {entry}",
+            "{}. {}{}{}{permits}  waiting {}  entry {entry}",
             i + 1,
             wants,
             if wants.is_empty() { "" } else { " " },
@@ -378,6 +509,10 @@ mod tests {
             waiters: 0,
             queue: Vec::new(),
             queued_clients: Vec::new(),
+            permits: None,
+            permits_taken: None,
+            permits_available: None,
+            count: None,
         }
     }
 
@@ -389,6 +524,7 @@ mod tests {
             role: Some(Mode::Read),
             token: Some(7),
             lease_ms: Some(lease_ms),
+            permits: None,
         };
         let mut s = state(
             Kind::Rwlock,
@@ -400,6 +536,7 @@ mod tests {
             wants: Some(Mode::Write),
             waiting_ms: 1_500,
             entry_ms: Some(29_800),
+            permits: None,
         });
         let text = describe(&s);
         assert!(text.contains("kind     rwlock"), "{text}");
@@ -427,6 +564,7 @@ mod tests {
                 role: None,
                 token: Some(9),
                 lease_ms: None,
+                permits: None,
             }],
         );
         s.queued_clients = vec!["c1".into(), "c2".into()];
@@ -435,6 +573,115 @@ mod tests {
         assert!(!text.contains("mode"), "{text}");
         assert!(
             text.contains("queue    1. client c1\n         2. client c2\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn semaphore_text() {
+        let holder = |owner: &str, permits, token, lease_ms| Holder {
+            owner: owner.into(),
+            hold_count: 1,
+            role: None,
+            token: Some(token),
+            lease_ms: Some(lease_ms),
+            permits: Some(permits),
+        };
+        let mut s = state(
+            Kind::Semaphore,
+            None,
+            vec![holder("a:o1", 2, 10, 12_000), holder("b:o2", 1, 11, -300)],
+        );
+        s.kind = "semaphore".into();
+        s.ttl_ms = None;
+        s.no_expiry = true;
+        (s.permits, s.permits_taken, s.permits_available) = (Some(3), Some(3), Some(0));
+        s.queue.push(Waiter {
+            owner: "c:o3".into(),
+            wants: None,
+            waiting_ms: 800,
+            entry_ms: Some(-5),
+            permits: Some(2),
+        });
+        let text = describe(&s);
+        assert!(
+            text.starts_with(
+                "semaphore  docs
+"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("kind       semaphore ("), "{text}");
+        assert!(
+            text.contains(
+                "permits    3 total, 3 taken, 0 available
+"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "holder     a:o1  permits 2  token 10  lease 12.0 s left
+"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "holder     b:o2  permits 1  token 11  lease ran out 300 ms ago (its permits \
+                 return at the semaphore's next call)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("queue      1. c:o3  wants 2 permits  waiting 800 ms  entry ran out"),
+            "{text}"
+        );
+        assert!(
+            text.contains("dropped at the semaphore's next call"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("fence") && !text.contains("lease    "),
+            "{text}"
+        );
+
+        s.holders.clear();
+        s.queue.clear();
+        (s.permits, s.permits_taken, s.permits_available) = (Some(1), Some(2), Some(-1));
+        let text = describe(&s);
+        assert!(text.contains("holders    none"), "{text}");
+        assert!(
+            text.contains("-1 available (the number was lowered"),
+            "{text}"
+        );
+        assert!(text.contains("queue      empty"), "{text}");
+    }
+
+    #[test]
+    fn latch_text() {
+        let mut s = state(Kind::Latch, None, Vec::new());
+        s.kind = "latch".into();
+        s.count = Some(2);
+        s.waiters = 1;
+        let text = describe(&s);
+        assert!(
+            text.starts_with(
+                "latch    docs
+"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kind     latch (count-down latch)
+"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("count    2 (it opens at zero"), "{text}");
+        assert!(
+            text.contains("waiters  1 client subscribed to the release channel"),
             "{text}"
         );
     }

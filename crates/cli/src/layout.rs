@@ -1,5 +1,5 @@
-//! Reading the lock kinds' Redis layouts: which kind a lock hash belongs to, its holders, and
-//! the waiters' queue. Shared by `inspect`, `list` (and through it `watch`) and `unlock`.
+//! Reading the Redis layouts of the lock kinds, the semaphore and the latch: which kind a hash
+//! belongs to, its holders (a semaphore's permits, a latch's count), and the waiters' queue. Shared by `inspect`, `list` (and through it `watch`) and `unlock`.
 //!
 //! For a lock named `N` under prefix `P` (see `leasehold_core::keys`):
 //!
@@ -16,30 +16,42 @@
 //!   id>` alone while reserved for a waiting writer. `P:{N}:leases` keeps each hold's deadline
 //!   (the writer's owner id, or `~r:<owner id>` -> server milliseconds). Its waiters are in
 //!   `P:{N}:waiters` as the fair lock's, scored arrival * 2 + 1 for a writer and arrival * 2
-//!   for a reader.
+//!   for a reader;
+//! * a semaphore: hash `P:{N}` (no TTL) with `~permits` -> the number of permits and `~used`
+//!   -> the permits taken now; per acquisition (its id is an owner id) `~r:<id>` -> the permits
+//!   it holds and `~rf:<id>` -> its token. `P:{N}:leases` keeps each acquisition's deadline
+//!   (`~r:<id>` -> server milliseconds; an expired one returns its permits at the semaphore's
+//!   next call). Its waiters are in `P:{N}:waiters` (id -> arrival, server microseconds, as
+//!   the fair lock's) and `P:{N}:waiters:until`, and `P:{N}:wants` (a hash) keeps how many
+//!   permits each wants. The `~permits`/`~used` fields tell it from a read/write lock, which
+//!   has `~r:` fields and leases too (see `scripts/sem/common.lua`);
+//! * a count-down latch: hash `P:{N}` with `~latch` -> the count alone (no TTL; deleted at
+//!   zero). Its waiters subscribe to the release channel `P:{N}:released`.
 
 use std::collections::HashMap;
 
 use fred::types::Value;
 use leasehold_core::protocol::{
-    FENCE_FIELD, MODE_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, WRITER_FIELD,
+    FENCE_FIELD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX,
+    READ_FIELD_PREFIX, USED_FIELD, WRITER_FIELD,
 };
 use serde::Serialize;
 
 /// Suffixes of a lock's auxiliary keys: `P:{N}` followed by one of these is not a lock hash.
-/// (`leasehold_core` refuses tagged names ending in all of them but `:leases`, the read/write
-/// lock's.)
-pub const AUXILIARY_SUFFIXES: [&str; 6] = [
+/// (`leasehold_core` refuses tagged names ending in them.) `:wants`, a semaphore's, is a hash:
+/// without this it would read as a lock held by the waiters.
+pub const AUXILIARY_SUFFIXES: [&str; 7] = [
     ":fence",
     ":released",
     ":queue",
     ":waiters",
     ":waiters:until",
     ":leases",
+    ":wants",
 ];
 
-/// Which kind of lock a hash belongs to, as the CLI shows it (`leasehold_core::LockKind` is a
-/// handle's kind, with a read/write lock's two sides).
+/// Which kind of lock (or other primitive) a hash belongs to, as the CLI shows it
+/// (`leasehold_core::LockKind` is a handle's kind, with a read/write lock's two sides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
@@ -49,6 +61,10 @@ pub enum Kind {
     Fair,
     /// A read/write lock.
     Rwlock,
+    /// A semaphore: permits, not a lock (`unlock --force` refuses it).
+    Semaphore,
+    /// A count-down latch: a count, not a lock (`unlock --force` refuses it).
+    Latch,
 }
 
 impl Kind {
@@ -58,7 +74,14 @@ impl Kind {
             Kind::Lock => "lock",
             Kind::Fair => "fair",
             Kind::Rwlock => "rwlock",
+            Kind::Semaphore => "semaphore",
+            Kind::Latch => "latch",
         }
+    }
+
+    /// Whether it is one of the locks (plain, fair, read/write), which `unlock --force` takes.
+    pub fn is_lock(self) -> bool {
+        matches!(self, Kind::Lock | Kind::Fair | Kind::Rwlock)
     }
 }
 
@@ -90,25 +113,48 @@ impl Mode {
     }
 }
 
-/// One owner's holds (or a reservation: a field starting with `~`, hold count 0).
+/// One owner's holds (or a reservation: a field starting with `~`, hold count 0), or one
+/// acquisition of a semaphore's permits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Holder {
-    /// `<client uuid>:<local id>`; a reservation as its field (`~turn:<id>`, `~expiring`).
+    /// `<client uuid>:<local id>`; a reservation as its field (`~turn:<id>`, `~expiring`); a
+    /// semaphore acquisition's id (an owner id made for it).
     pub owner: String,
-    /// Nested holds of this owner (of this side, for a read/write lock).
+    /// Nested holds of this owner (of this side, for a read/write lock); 1 for a semaphore
+    /// acquisition (not reentrant: its permits are in `permits`).
     pub hold_count: u64,
     /// `write` or `read` for a read/write lock's holds; `null` for other locks' holders and for
     /// reservations.
     pub role: Option<Mode>,
     /// The fencing token the hold was granted under: the lock's `~fence` for a plain or fair
     /// lock's holder and a read/write lock's writer, the reader's own `~rf:` token for a
-    /// reader; `null` for a reservation.
+    /// reader and a semaphore acquisition; `null` for a reservation.
     pub token: Option<u64>,
-    /// Lease left of this hold in milliseconds, for a read/write lock's holds in `inspect`
-    /// (each has its own, in `P:{N}:leases`; negative: it ran out and goes at the lock's next
-    /// call). `null` for other locks, whose holders share the lock's `ttl_ms`, and in `list`,
-    /// which does not read the leases.
+    /// Lease left of this hold in milliseconds, for a read/write lock's holds and a
+    /// semaphore's acquisitions in `inspect` (each has its own, in `P:{N}:leases`; negative:
+    /// it ran out and goes at the lock's or semaphore's next call, which gives a semaphore's
+    /// permits back). `null` for other locks, whose holders share the lock's `ttl_ms`, and in
+    /// `list`, which does not read the leases.
     pub lease_ms: Option<i64>,
+    /// The permits a semaphore acquisition holds (`~r:<id>`); `null` for a lock's holders.
+    pub permits: Option<u64>,
+}
+
+/// A semaphore's permits (`~permits` and `~used`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permits {
+    /// The number of permits (0 when never set; negative after `add_permits` took more away
+    /// than there were).
+    pub total: i64,
+    /// The permits taken now (expired acquisitions included until a call gives them back).
+    pub taken: i64,
+}
+
+impl Permits {
+    /// The permits not taken (negative when the number was lowered below what is taken).
+    pub fn available(self) -> i64 {
+        self.total.saturating_sub(self.taken)
+    }
 }
 
 /// What a lock hash holds, read with what its auxiliary keys say.
@@ -122,6 +168,10 @@ pub struct HashReading {
     pub holders: Vec<Holder>,
     /// The `~fence` field: the grant's token (a read/write lock's writer's).
     pub fence: Option<u64>,
+    /// A semaphore's permits; `None` for other kinds.
+    pub permits: Option<Permits>,
+    /// A latch's count (`~latch`); `None` for other kinds.
+    pub count: Option<u64>,
 }
 
 /// The kind that a lock's waiters queue (`P:{N}:waiters`) says, from its first entry's score;
@@ -141,12 +191,20 @@ pub fn kind_of_queue(head_score: Option<f64>, now_us: u64) -> Option<Kind> {
 /// Reads a lock hash: its kind (from its fields, its read/write lock's leases, or `queued`,
 /// what its waiters queue says), holders and token. `leases` maps `P:{N}:leases` members to the
 /// lease left in milliseconds (empty when not read). `None` when the fields are not a leasehold
-/// lock's (a value that should be a count is not one), or it holds nothing at all.
+/// lock's (a value that should be a count is not one), or a lock holds nothing at all. A
+/// semaphore (`~permits` or `~used`: it has `~r:` fields and leases like a read/write lock)
+/// and a latch (`~latch`) are read whatever they hold: they exist until deleted.
 pub fn read_hash(
     fields: &HashMap<String, String>,
     queued: Option<Kind>,
     leases: &HashMap<String, i64>,
 ) -> Option<HashReading> {
+    if fields.contains_key(LATCH_FIELD) {
+        return read_latch(fields);
+    }
+    if fields.contains_key(PERMITS_FIELD) || fields.contains_key(USED_FIELD) {
+        return read_semaphore(fields, leases);
+    }
     let rw_fields = fields.keys().any(|field| {
         field == MODE_FIELD
             || field == WRITER_FIELD
@@ -161,7 +219,10 @@ pub fn read_hash(
     let fence = fields.get(FENCE_FIELD).and_then(|s| s.parse().ok());
     let (mode, mut holders) = match kind {
         Kind::Rwlock => read_rw_fields(fields, fence, leases)?,
-        Kind::Lock | Kind::Fair => (None, holders_of(fields, fence)?),
+        // (Not reached: told by their fields above.)
+        Kind::Lock | Kind::Fair | Kind::Semaphore | Kind::Latch => {
+            (None, holders_of(fields, fence)?)
+        }
     };
     if holders.is_empty() && mode.is_none() {
         return None;
@@ -179,6 +240,78 @@ pub fn read_hash(
         mode,
         holders,
         fence,
+        permits: None,
+        count: None,
+    })
+}
+
+/// A latch hash: `~latch` -> the count, and nothing else (`None` otherwise: not what the latch's
+/// scripts write).
+fn read_latch(fields: &HashMap<String, String>) -> Option<HashReading> {
+    if fields.len() != 1 {
+        return None;
+    }
+    let count = fields.get(LATCH_FIELD)?.parse::<u64>().ok()?;
+    Some(HashReading {
+        kind: Kind::Latch,
+        mode: None,
+        holders: Vec::new(),
+        fence: None,
+        permits: None,
+        count: Some(count),
+    })
+}
+
+/// A semaphore hash: its permits and acquisitions, by id. `None` when a field is not one the
+/// semaphore's scripts write, or its value is not a number.
+fn read_semaphore(
+    fields: &HashMap<String, String>,
+    leases: &HashMap<String, i64>,
+) -> Option<HashReading> {
+    let number = |field: &str| -> Option<i64> {
+        fields
+            .get(field)
+            .map_or(Some(0), |value| value.parse::<i64>().ok())
+    };
+    let permits = Permits {
+        total: number(PERMITS_FIELD)?,
+        taken: number(USED_FIELD)?,
+    };
+    let mut holders = Vec::new();
+    for (field, value) in fields {
+        if field == PERMITS_FIELD || field == USED_FIELD {
+            continue;
+        }
+        if let Some(id) = field.strip_prefix(READ_FENCE_FIELD_PREFIX) {
+            // A token with its permits; a token alone would be a half-written state.
+            value.parse::<u64>().ok()?;
+            if !fields.contains_key(&format!("{READ_FIELD_PREFIX}{id}")) {
+                return None;
+            }
+            continue;
+        }
+        let id = field.strip_prefix(READ_FIELD_PREFIX)?;
+        let held = value.parse::<u64>().ok().filter(|&n| n > 0)?;
+        holders.push(Holder {
+            owner: id.to_string(),
+            hold_count: 1,
+            role: None,
+            token: fields
+                .get(&format!("{READ_FENCE_FIELD_PREFIX}{id}"))
+                .and_then(|t| t.parse().ok()),
+            lease_ms: leases.get(field).copied(),
+            permits: Some(held),
+        });
+    }
+    // In grant order (tokens grow), then by id.
+    holders.sort_by(|a, b| a.token.cmp(&b.token).then_with(|| a.owner.cmp(&b.owner)));
+    Some(HashReading {
+        kind: Kind::Semaphore,
+        mode: None,
+        holders,
+        fence: None,
+        permits: Some(permits),
+        count: None,
     })
 }
 
@@ -206,6 +339,7 @@ fn holders_of(fields: &HashMap<String, String>, fence: Option<u64>) -> Option<Ve
                 role: None,
                 token: if owner.starts_with('~') { None } else { fence },
                 lease_ms: None,
+                permits: None,
             })
         })
         .collect()
@@ -242,6 +376,7 @@ fn read_rw_fields(
                     .get(&format!("{READ_FENCE_FIELD_PREFIX}{reader}"))
                     .and_then(|t| t.parse().ok()),
                 lease_ms: leases.get(field).copied(),
+                permits: None,
             }
         } else if field.starts_with('~') {
             Holder {
@@ -250,6 +385,7 @@ fn read_rw_fields(
                 role: None,
                 token: None,
                 lease_ms: None,
+                permits: None,
             }
         } else {
             // An owner's count field is the writer's (one that is not would be a half-written
@@ -261,6 +397,7 @@ fn read_rw_fields(
                 role: writing.then_some(Mode::Write),
                 token: if writing { fence } else { None },
                 lease_ms: leases.get(field).copied(),
+                permits: None,
             }
         };
         holders.push(holder);
@@ -316,27 +453,33 @@ pub fn local_time_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// One waiter in a fair or read/write lock's queue.
+/// One waiter in a fair or read/write lock's queue, or a semaphore's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Waiter {
-    /// The waiting owner, `<client uuid>:<local id>`.
+    /// The waiting owner, `<client uuid>:<local id>` (a semaphore waiter's acquisition id).
     pub owner: String,
-    /// `read` or `write` for a read/write lock's waiter; `null` for a fair lock's.
+    /// `read` or `write` for a read/write lock's waiter; `null` for a fair lock's and a
+    /// semaphore's.
     pub wants: Option<Mode>,
     /// How long it has waited, in milliseconds (since it queued, by the server's clock).
     pub waiting_ms: u64,
     /// Entry life left in milliseconds (`P:{N}:waiters:until` against the server's clock): its
     /// client's watchdog keeps renewing it. Negative: it lapsed (the client is gone) and goes at
-    /// the lock's next call. `null`: no deadline recorded.
+    /// the lock's (or semaphore's) next call. `null`: no deadline recorded.
     pub entry_ms: Option<i64>,
+    /// The permits a semaphore's waiter wants (`P:{N}:wants`; 1 when it has no entry there,
+    /// as the semaphore's scripts count it); `null` for a lock's waiter.
+    pub permits: Option<u64>,
 }
 
-/// The queue of a fair or read/write lock in order, from its `:waiters` and `:waiters:until`
-/// zsets, at server time `now_us`.
+/// The queue of a fair or read/write lock or a semaphore in order, from its `:waiters` and
+/// `:waiters:until` zsets (and a semaphore's `:wants`, id -> permits), at server time
+/// `now_us`.
 pub fn queue(
     kind: Kind,
     waiters: &[(String, f64)],
     until: &[(String, f64)],
+    wanted: &HashMap<String, u64>,
     now_us: u64,
 ) -> Vec<Waiter> {
     let until: HashMap<&str, f64> = until.iter().map(|(m, s)| (m.as_str(), *s)).collect();
@@ -355,13 +498,14 @@ pub fn queue(
                         Mode::Read
                     }),
                 ),
-                Kind::Lock | Kind::Fair => (score_int, None),
+                Kind::Lock | Kind::Fair | Kind::Semaphore | Kind::Latch => (score_int, None),
             };
             let waiter = Waiter {
                 owner: owner.clone(),
                 wants,
                 waiting_ms: now_us.saturating_sub(arrival_us) / 1_000,
                 entry_ms: until.get(owner.as_str()).map(|&ms| ms as i64 - now_ms),
+                permits: (kind == Kind::Semaphore).then(|| wanted.get(owner).copied().unwrap_or(1)),
             };
             (*score, waiter)
         })
@@ -400,6 +544,7 @@ mod tests {
                 role: None,
                 token: Some(17),
                 lease_ms: None,
+                permits: None,
             }]
         );
         let turn = read_hash(&map(&[("~turn:c", "0")]), None, &HashMap::new()).unwrap();
@@ -496,13 +641,122 @@ mod tests {
             ("w:t1".to_string(), (2 * arrival + 1) as f64),
         ];
         let until = [("w:t1".to_string(), (now_us / 1_000 + 500) as f64)];
-        let q = queue(Kind::Rwlock, &waiters, &until, now_us);
+        let q = queue(Kind::Rwlock, &waiters, &until, &HashMap::new(), now_us);
         assert_eq!(q[0].owner, "w:t1");
         assert_eq!(q[0].wants, Some(Mode::Write));
         assert_eq!(q[0].waiting_ms, 2_000);
         assert_eq!(q[0].entry_ms, Some(500));
         assert_eq!(q[1].wants, Some(Mode::Read));
         assert_eq!(q[1].entry_ms, None);
+        assert_eq!(q[1].permits, None);
+
+        // A semaphore's: scored by arrival as a fair lock's, with the permits each wants.
+        let waiters = [
+            ("s:o2".to_string(), (arrival + 1) as f64),
+            ("s:o1".to_string(), arrival as f64),
+        ];
+        let wanted = HashMap::from([("s:o1".to_string(), 3)]);
+        let q = queue(Kind::Semaphore, &waiters, &until, &wanted, now_us);
+        let summary: Vec<_> = q
+            .iter()
+            .map(|w| (w.owner.as_str(), w.wants, w.permits, w.waiting_ms))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("s:o1", None, Some(3), 2_000),
+                ("s:o2", None, Some(1), 1_999)
+            ]
+        );
+        let q = queue(Kind::Fair, &waiters, &until, &wanted, now_us);
+        assert_eq!(q[0].permits, None);
+    }
+
+    #[test]
+    fn semaphore_hashes() {
+        // Both have `~r:` fields and leases: the `~permits`/`~used` fields tell a semaphore.
+        let fields = map(&[
+            ("~permits", "5"),
+            ("~used", "3"),
+            ("~r:a:o1", "2"),
+            ("~rf:a:o1", "12"),
+            ("~r:b:o4", "1"),
+            ("~rf:b:o4", "9"),
+        ]);
+        let leases = HashMap::from([("~r:a:o1".to_string(), 4_000), ("~r:b:o4".to_string(), -30)]);
+        let reading = read_hash(&fields, Some(Kind::Rwlock), &leases).unwrap();
+        assert_eq!(reading.kind, Kind::Semaphore);
+        assert_eq!(
+            (reading.mode, reading.fence, reading.count),
+            (None, None, None)
+        );
+        let permits = reading.permits.unwrap();
+        assert_eq!(
+            (permits.total, permits.taken, permits.available()),
+            (5, 3, 2)
+        );
+        let summary: Vec<_> = reading
+            .holders
+            .iter()
+            .map(|h| {
+                (
+                    h.owner.as_str(),
+                    h.hold_count,
+                    h.permits,
+                    h.token,
+                    h.lease_ms,
+                    h.role,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("b:o4", 1, Some(1), Some(9), Some(-30), None),
+                ("a:o1", 1, Some(2), Some(12), Some(4_000), None),
+            ]
+        );
+        // Nothing taken: still a semaphore (it keeps its number until deleted).
+        let idle = read_hash(&map(&[("~permits", "2"), ("~used", "0")]), None, &leases).unwrap();
+        assert_eq!(idle.kind, Kind::Semaphore);
+        assert!(idle.holders.is_empty());
+        // Lowered below what is taken.
+        let over = read_hash(
+            &map(&[("~permits", "-1"), ("~used", "2"), ("~r:a", "2")]),
+            None,
+            &HashMap::new(),
+        )
+        .unwrap();
+        assert_eq!(over.permits.unwrap().available(), -3);
+        for bad in [
+            &[("~permits", "x")][..],
+            &[("~permits", "2"), ("owner:t1", "1")],
+            &[("~permits", "2"), ("~r:a", "0")],
+            &[("~permits", "2"), ("~rf:a", "3")],
+            &[("~used", "1"), ("~mode", "r")],
+        ] {
+            assert_eq!(read_hash(&map(bad), None, &HashMap::new()), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn latch_hashes() {
+        let latch = read_hash(&map(&[("~latch", "2")]), None, &HashMap::new()).unwrap();
+        assert_eq!((latch.kind, latch.count), (Kind::Latch, Some(2)));
+        assert!(latch.holders.is_empty());
+        assert_eq!(latch.permits, None);
+        assert_eq!(
+            read_hash(&map(&[("~latch", "two")]), None, &HashMap::new()),
+            None
+        );
+        assert_eq!(
+            read_hash(
+                &map(&[("~latch", "2"), ("a:t1", "1")]),
+                None,
+                &HashMap::new()
+            ),
+            None
+        );
     }
 
     #[test]

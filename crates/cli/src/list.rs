@@ -1,9 +1,10 @@
-//! `leasehold list [PATTERN]`: the locks under a prefix.
+//! `leasehold list [PATTERN]`: the locks, semaphores and count-down latches under a prefix.
 //!
 //! Keys are found with `SCAN MATCH PREFIX:* TYPE hash` (never `KEYS`, which blocks Redis for
-//! the whole keyspace); the fencing counter is a string, the queues and leases are zsets, and
-//! other kinds of keys are skipped. The holders, lease and queue of each lock are then read with
-//! one pipelined round trip per batch.
+//! the whole keyspace); the fencing counter is a string, the queues and leases are zsets, a
+//! semaphore's `:wants` is skipped by its name, and other kinds of keys are skipped. The
+//! holders, lease and queue of each lock (a semaphore's permits, a latch's count) are then read
+//! with one pipelined round trip per batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use leasehold_core::Prefix;
 use serde::Serialize;
 
 use crate::connect::connect;
-use crate::layout::{self, Holder, Kind, Mode};
+use crate::layout::{self, Holder, Kind, Mode, Permits};
 use crate::{glob, render};
 
 /// Keys asked for per SCAN page, and locks read per pipelined round trip.
@@ -28,28 +29,40 @@ const BATCH: usize = 500;
 /// waiters, and the first waiter (whose score tells a fair lock from a read/write lock).
 const READS_PER_LOCK: usize = 5;
 
-/// One held lock in the listing.
+/// One held lock in the listing (or a semaphore or a latch: they are listed while they exist,
+/// whatever they hold).
 #[derive(Debug, Clone, Serialize)]
 pub struct ListedLock {
     /// The lock name.
     pub name: String,
     /// The lock hash.
     pub key: String,
-    /// Owner ids and hold counts (for a read/write lock, with each hold's role and token).
+    /// Owner ids and hold counts (for a read/write lock, with each hold's role and token; for
+    /// a semaphore, each acquisition's id, permits and token).
     pub holders: Vec<Holder>,
-    /// Lease left in milliseconds; `null` when the key never expires.
+    /// Lease left in milliseconds; `null` when the key never expires (a semaphore's and a
+    /// latch's never do).
     pub ttl_ms: Option<u64>,
-    /// `lock`, `fair` or `rwlock`, as in `inspect --json` (a fair lock nobody waits for is a
-    /// `lock`).
+    /// `lock`, `fair`, `rwlock`, `semaphore` or `latch`, as in `inspect --json` (a fair lock
+    /// nobody waits for is a `lock`).
     pub lock_kind: Kind,
     /// A read/write lock's mode, `read` or `write`; `null` otherwise.
     pub mode: Option<Mode>,
     /// The current grant's fencing token (`~fence`; a read/write lock's writer's); `null`
     /// when only read-held or reserved.
     pub fence: Option<u64>,
-    /// Entries queued: a fair or read/write lock's waiting owners (`P:{N}:waiters`), a plain
-    /// lock's clients with waiters (`P:{N}:queue`, one per client however many tasks wait).
+    /// Entries queued: a fair or read/write lock's or a semaphore's waiting owners
+    /// (`P:{N}:waiters`), a plain lock's clients with waiters (`P:{N}:queue`, one per client
+    /// however many tasks wait). A latch's waiters are not queued (see `inspect`): 0.
     pub queued: u64,
+    /// A semaphore's number of permits, as in `inspect --json`; `null` for other kinds.
+    pub permits: Option<i64>,
+    /// A semaphore's permits taken now; `null` for other kinds.
+    pub permits_taken: Option<i64>,
+    /// A semaphore's permits not taken; `null` for other kinds.
+    pub permits_available: Option<i64>,
+    /// A count-down latch's count; `null` for other kinds.
+    pub count: Option<u64>,
 }
 
 /// The whole listing, as `--json` prints it.
@@ -161,6 +174,7 @@ pub async fn list(
             if pttl == -2 {
                 continue;
             }
+            let permits = reading.permits;
             locks.push(ListedLock {
                 name: name.clone(),
                 key: key.clone(),
@@ -170,6 +184,10 @@ pub async fn list(
                 mode: reading.mode,
                 fence: reading.fence,
                 queued: zcard(queue).unwrap_or(0) + zcard(waiters).unwrap_or(0),
+                permits: permits.map(|p| p.total),
+                permits_taken: permits.map(|p| p.taken),
+                permits_available: permits.map(Permits::available),
+                count: reading.count,
             });
         }
     }
@@ -178,7 +196,7 @@ pub async fn list(
 
 /// The lock name whose hash is `key` under `prefix`, or `None` for a key that is not one:
 /// a fencing counter, a lock's own other keys (`P:{N}:queue`, `:waiters`, `:waiters:until`,
-/// `:leases`, ...), or a key no name maps to.
+/// `:leases`, a semaphore's `:wants`, ...), or a key no name maps to.
 pub fn lock_name(prefix: &Prefix, key: &str) -> Option<String> {
     let rest = key.strip_prefix(prefix.as_str())?.strip_prefix(':')?;
     // `P:{N}` for a plain name; a name with its own hash tag is the key's rest as given.
@@ -217,37 +235,96 @@ pub fn describe(listing: &Listing) -> String {
         let holders = lock
             .holders
             .iter()
-            .map(|h| match h.role {
-                Some(role) => format!("{} x{} ({})", h.owner, h.hold_count, role.as_str()),
-                None => format!("{} x{}", h.owner, h.hold_count),
+            .map(|h| match (h.permits, h.role) {
+                (Some(n), _) => format!("{} ({n} permit{})", h.owner, plural(n as usize)),
+                (None, Some(role)) => {
+                    format!("{} x{} ({})", h.owner, h.hold_count, role.as_str())
+                }
+                (None, None) => format!("{} x{}", h.owner, h.hold_count),
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let ttl = lock.ttl_ms.map_or_else(
-            || "no expiry".to_string(),
-            |ms| render::duration(Duration::from_millis(ms)),
-        );
         rows.push(vec![
             lock.name.clone(),
             lock.lock_kind.as_str().into(),
             mode_cell(lock),
-            holders,
-            lock.queued.to_string(),
-            ttl,
+            if holders.is_empty() {
+                "-".into()
+            } else {
+                holders
+            },
+            queued_cell(lock),
+            ttl_cell(lock),
         ]);
     }
-    let n = listing.locks.len();
-    format!(
-        "{}{n} lock{}\n",
-        render::table(&rows),
-        if n == 1 { "" } else { "s" }
-    )
+    format!("{}{}\n", render::table(&rows), totals(&listing.locks))
 }
 
-/// A lock's MODE cell: a read/write lock's mode, `-` for the other kinds (and a read/write lock
-/// with no holds, reserved for a writer's turn).
+/// `4 locks`, or with semaphores and latches among them `2 locks, 1 semaphore, 1 latch`.
+fn totals(locks: &[ListedLock]) -> String {
+    let count = |f: fn(Kind) -> bool| locks.iter().filter(|l| f(l.lock_kind)).count();
+    let (n_locks, n_semaphores, n_latches) = (
+        count(Kind::is_lock),
+        count(|k| k == Kind::Semaphore),
+        count(|k| k == Kind::Latch),
+    );
+    let mut parts = Vec::new();
+    if n_locks > 0 || locks.is_empty() {
+        parts.push(format!("{n_locks} lock{}", plural(n_locks)));
+    }
+    if n_semaphores > 0 {
+        parts.push(format!("{n_semaphores} semaphore{}", plural(n_semaphores)));
+    }
+    if n_latches > 0 {
+        parts.push(format!(
+            "{n_latches} latch{}",
+            if n_latches == 1 { "" } else { "es" }
+        ));
+    }
+    parts.join(", ")
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// A lock's MODE cell: a read/write lock's mode, `-` for the other locks (and a read/write
+/// lock with no holds, reserved for a writer's turn); a semaphore's permits taken of its
+/// number (`3/5 taken`), a latch's count (`count 2`).
 pub fn mode_cell(lock: &ListedLock) -> String {
-    lock.mode.map_or("-", Mode::as_str).to_string()
+    match lock.lock_kind {
+        Kind::Semaphore => format!(
+            "{}/{} taken",
+            lock.permits_taken.unwrap_or(0),
+            lock.permits.unwrap_or(0)
+        ),
+        Kind::Latch => format!("count {}", lock.count.unwrap_or(0)),
+        Kind::Lock | Kind::Fair | Kind::Rwlock => lock.mode.map_or("-", Mode::as_str).to_string(),
+    }
+}
+
+/// The QUEUED cell: entries queued; `-` for a latch, whose waiters do not queue.
+pub fn queued_cell(lock: &ListedLock) -> String {
+    if lock.lock_kind == Kind::Latch {
+        "-".into()
+    } else {
+        lock.queued.to_string()
+    }
+}
+
+/// The TTL (or LEASE) cell: the lease left; `no expiry` for a lock that never frees itself;
+/// `-` for a semaphore or a latch, whose keys have no TTL by design (a semaphore's permits
+/// have leases of their own: see `inspect`).
+pub fn ttl_cell(lock: &ListedLock) -> String {
+    match lock.ttl_ms {
+        Some(ms) => render::duration(Duration::from_millis(ms)),
+        None if lock.lock_kind.is_lock() => "no expiry".into(),
+        None => "-".into(),
+    }
 }
 
 #[cfg(test)]
@@ -291,5 +368,75 @@ mod tests {
             Some("docs:leases")
         );
         assert_eq!(name("leasehold:{x:waiters}").as_deref(), Some("x:waiters"));
+        // A semaphore's waiters' wants: a hash, skipped by name.
+        assert_eq!(name("leasehold:{pool}:wants"), None);
+        assert_eq!(
+            name("leasehold:{pool:wants}").as_deref(),
+            Some("pool:wants")
+        );
+    }
+
+    fn listed(lock_kind: Kind) -> ListedLock {
+        ListedLock {
+            name: "x".into(),
+            key: "leasehold:{x}".into(),
+            holders: Vec::new(),
+            ttl_ms: None,
+            lock_kind,
+            mode: None,
+            fence: None,
+            queued: 0,
+            permits: None,
+            permits_taken: None,
+            permits_available: None,
+            count: None,
+        }
+    }
+
+    #[test]
+    fn semaphore_and_latch_rows() {
+        let mut semaphore = listed(Kind::Semaphore);
+        (semaphore.permits, semaphore.permits_taken) = (Some(5), Some(3));
+        semaphore.queued = 2;
+        semaphore.holders.push(Holder {
+            owner: "a:o1".into(),
+            hold_count: 1,
+            role: None,
+            token: Some(4),
+            lease_ms: None,
+            permits: Some(3),
+        });
+        let mut latch = listed(Kind::Latch);
+        latch.name = "y".into();
+        latch.count = Some(2);
+        let mut lock = listed(Kind::Lock);
+        lock.name = "z".into();
+        lock.holders.push(Holder {
+            owner: "b:t1".into(),
+            hold_count: 1,
+            role: None,
+            token: Some(5),
+            lease_ms: None,
+            permits: None,
+        });
+        let listing = Listing {
+            prefix: "leasehold".into(),
+            pattern: "*".into(),
+            locks: vec![semaphore, latch, lock],
+        };
+        let text = describe(&listing);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1..],
+            [
+                "x     semaphore  3/5 taken  a:o1 (3 permits)  2       -",
+                "y     latch      count 2    -                 -       -",
+                "z     lock       -          b:t1 x1           0       no expiry",
+                "1 lock, 1 semaphore, 1 latch",
+            ],
+            "{text}"
+        );
+        assert_eq!(totals(&listing.locks[2..]), "1 lock");
+        assert_eq!(totals(&listing.locks[..1]), "1 semaphore");
     }
 }

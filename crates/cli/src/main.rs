@@ -1,10 +1,13 @@
 //! `leasehold`: the command line of the leasehold distributed lock library.
 //!
 //! * `inspect NAME` shows one lock (its kind, holders, lease left, the grant's fencing token,
-//!   a read/write lock's mode and readers, the queue);
-//! * `list [PATTERN]` lists the locks under the prefix, with their kind and mode;
+//!   a read/write lock's mode and readers, the queue), or a semaphore (its permits, holders
+//!   and waiters) or a count-down latch (its count);
+//! * `list [PATTERN]` lists the locks, semaphores and latches under the prefix, with their
+//!   kind and mode;
 //! * `watch [PATTERN]` refreshes that list;
-//! * `unlock --force NAME` releases a lock whoever holds it;
+//! * `unlock --force NAME` releases a lock whoever holds it (and refuses a semaphore or a
+//!   latch);
 //! * `demo` plays the three scenarios of the seeds with real OS processes as pods.
 //!
 //! Exit codes: 0 success, 1 failure (one line on stderr), 2 bad usage (clap's message).

@@ -5,6 +5,10 @@
 //! told until its next renewal finds the lock gone, and may write meanwhile (fencing tokens
 //! protect a store that checks them). So it asks for the lock name to be typed back, and
 //! without `--yes` it refuses outright when nobody is at a terminal to answer.
+//!
+//! A semaphore or a count-down latch under the name is refused: neither is a lock, and
+//! removing one would drop every permit taken or release every waiter of the latch at once.
+//! `Semaphore::delete` and `Latch::count_down` are the ways to do that on purpose.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
@@ -14,6 +18,7 @@ use serde::Serialize;
 
 use crate::connect::connect;
 use crate::inspect::{self, Holder};
+use crate::layout::Kind;
 use crate::render;
 
 /// How the force-unlock was (or will be) confirmed.
@@ -68,6 +73,21 @@ pub async fn run(
             state.kind.trim_start_matches("foreign:")
         );
     }
+    match state.lock_kind {
+        Some(Kind::Semaphore) => bail!(
+            "{name:?} is a semaphore ({}/{} permits taken), not a lock: unlock --force leaves \
+             it alone; its permits return when released or when their leases end, and \
+             Semaphore::delete removes it with every permit taken",
+            state.permits_taken.unwrap_or(0),
+            state.permits.unwrap_or(0),
+        ),
+        Some(Kind::Latch) => bail!(
+            "{name:?} is a count-down latch (count {}), not a lock: unlock --force leaves it \
+             alone; Latch::count_down counts it down (it opens, and goes, at zero)",
+            state.count.unwrap_or(0),
+        ),
+        _ => {}
+    }
     if state.is_locked() && confirmation == Confirmation::Ask {
         let typed = ask(&state).await?;
         if typed != name {
@@ -91,7 +111,7 @@ pub async fn run(
     // A read/write lock is unlocked through its own handle: a lock only reserved for a waiting
     // writer's turn carries nothing that tells its kind to the script.
     let released = state.is_locked()
-        && if state.lock_kind == Some(crate::layout::Kind::Rwlock) {
+        && if state.lock_kind == Some(Kind::Rwlock) {
             client.rw_lock(name)?.write().force_unlock().await?
         } else {
             lock.force_unlock().await?

@@ -1,13 +1,15 @@
-//! `leasehold watch [PATTERN]`: a refreshing view of the locks under a prefix, for an operator
-//! chasing a stuck job: name, kind, a read/write lock's mode, holder, hold count, lease left,
-//! entries queued, the fencing token and the grants seen since the watch started.
+//! `leasehold watch [PATTERN]`: a refreshing view of the locks (and semaphores and latches)
+//! under a prefix, for an operator chasing a stuck job: name, kind, a read/write lock's mode (a
+//! semaphore's permits taken, a latch's count), holder, hold count (a semaphore's permits
+//! taken), lease left, entries queued, the fencing token and the grants seen since the watch
+//! started.
 //!
 //! Each refresh is one `list` (SCAN, then the holders, lease, queue length and token of each
 //! lock pipelined). Handoffs are counted by the token: a lock whose token changed between two
 //! refreshes was granted anew at least once (grants shorter than the interval can hide between
 //! refreshes). A read-held read/write lock has no `~fence`: its newest reader's token stands in
-//! (a new reader counts as a grant). `--once` prints one frame and exits: for scripts, and for
-//! tests.
+//! (a new reader counts as a grant); so does a semaphore's newest acquisition's. A latch has
+//! no tokens. `--once` prints one frame and exits: for scripts, and for tests.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -18,7 +20,7 @@ use leasehold_core::Prefix;
 
 use crate::connect::connect;
 use crate::layout::{Kind, Mode};
-use crate::list::{list, mode_cell, ListedLock};
+use crate::list::{list, mode_cell, queued_cell, ttl_cell, ListedLock};
 use crate::render;
 
 /// What a frame shows of one lock.
@@ -26,7 +28,8 @@ use crate::render;
 pub struct WatchedLock {
     /// The lock as `list` read it.
     pub lock: ListedLock,
-    /// The current grant's fencing token (a read-held read/write lock's newest reader's).
+    /// The current grant's fencing token (a read-held read/write lock's newest reader's, a
+    /// semaphore's newest acquisition's).
     pub token: Option<u64>,
     /// Grants seen since the watch started (token changes between frames).
     pub grants_seen: u64,
@@ -73,7 +76,7 @@ async fn frame(
         let token = lock.fence.or_else(|| {
             lock.holders
                 .iter()
-                .filter(|h| h.role == Some(Mode::Read))
+                .filter(|h| h.role == Some(Mode::Read) || h.permits.is_some())
                 .filter_map(|h| h.token)
                 .max()
         });
@@ -105,28 +108,34 @@ pub fn describe(prefix: &str, pattern: &str, locks: &[WatchedLock]) -> String {
     .to_vec()];
     for watched in locks {
         let lock = &watched.lock;
-        let (holder, holds) = match lock.holders.as_slice() {
-            [one] => (one.owner.clone(), one.hold_count.to_string()),
-            many => (
-                match lock.lock_kind {
+        let (holder, holds) = match (lock.lock_kind, lock.holders.as_slice()) {
+            (Kind::Latch, _) => ("-".to_string(), "-".to_string()),
+            // A semaphore's holds are its permits taken.
+            (Kind::Semaphore, holders) => (
+                match holders {
+                    [] => "-".to_string(),
+                    [one] => one.owner.clone(),
+                    many => format!("{} holders", many.len()),
+                },
+                lock.permits_taken.unwrap_or(0).to_string(),
+            ),
+            (_, [one]) => (one.owner.clone(), one.hold_count.to_string()),
+            (kind, many) => (
+                match kind {
                     Kind::Rwlock => format!("{} holds", many.len()),
-                    Kind::Lock | Kind::Fair => format!("{} owners", many.len()),
+                    _ => format!("{} owners", many.len()),
                 },
                 many.iter().map(|h| h.hold_count).sum::<u64>().to_string(),
             ),
         };
-        let lease = lock.ttl_ms.map_or_else(
-            || "no expiry".to_string(),
-            |ms| render::duration(Duration::from_millis(ms)),
-        );
         rows.push(vec![
             lock.name.clone(),
             lock.lock_kind.as_str().into(),
             mode_cell(lock),
             holder,
             holds,
-            lease,
-            lock.queued.to_string(),
+            ttl_cell(lock),
+            queued_cell(lock),
             watched
                 .token
                 .map_or_else(|| "-".to_string(), |t| t.to_string()),

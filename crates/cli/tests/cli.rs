@@ -1160,3 +1160,334 @@ async fn inspect_and_list_follow_a_read_write_lock_of_the_library() {
             .unwrap();
     }
 }
+
+/// A semaphore and a count-down latch built through the library, and a semaphore written raw
+/// with an expired permit (a state the library gives back at its next call, so it cannot be
+/// held still through it): `inspect`, `list` and `watch` show the permits, each holder's
+/// permits, token and lease, the waiters in line with what each wants, and the latch's count;
+/// the semaphore's `:wants` hash is not listed as a lock, and neither a semaphore (which has
+/// `~r:` fields and leases like a read/write lock) is taken for a read/write lock.
+/// `unlock --force` refuses both and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_list_and_watch_show_semaphores_and_latches() {
+    let redis = start_redis();
+    let url = redis.url();
+    let holder = LockClient::connect(&url).await.unwrap();
+    let pool = holder.semaphore("pool").unwrap();
+    assert!(pool.try_set_permits(3).await.unwrap());
+    let permit = pool.acquire(2).await.unwrap();
+    let token = permit.fencing_token().get();
+
+    // Two waiters in line: the first wants 2 (only 1 is there), the second 1 (there, but it
+    // may not pass the first).
+    let waiters_key = pool.keys().waiters();
+    let mut clients = Vec::new();
+    let mut tasks = Vec::new();
+    for (n, wanted) in [(1, 2), (2, 1)] {
+        let client = LockClient::connect(&url).await.unwrap();
+        let semaphore = client.semaphore("pool").unwrap();
+        clients.push(client);
+        tasks.push(tokio::spawn(async move {
+            let permit = semaphore.acquire(wanted).await.unwrap();
+            permit.release().await.unwrap();
+        }));
+        wait_for_zcard(&holder, &waiters_key, n).await;
+    }
+
+    let gate = holder.latch("gate").unwrap();
+    assert!(gate.try_set_count(3).await.unwrap());
+    assert_eq!(gate.count_down().await.unwrap(), 2);
+    let latch_waiter = {
+        let client = LockClient::connect(&url).await.unwrap();
+        let gate = client.latch("gate").unwrap();
+        clients.push(client);
+        tokio::spawn(async move { gate.wait().await.unwrap() })
+    };
+    let gate_keys = holder.lock("gate").unwrap().keys().clone();
+    wait_for_subscribers(&holder, gate_keys.released(), 1).await;
+
+    // A semaphore as its scripts lay it out, one permit's lease run out a moment ago.
+    let stale = format!("{}:o9", "f".repeat(32));
+    let now_ms = (server_time_us(&redis) / 1_000) as i64;
+    redis
+        .command(&[
+            "HSET",
+            "leasehold:{raw}",
+            "~permits",
+            "2",
+            "~used",
+            "1",
+            &format!("~r:{stale}"),
+            "1",
+            &format!("~rf:{stale}"),
+            "77",
+        ])
+        .unwrap();
+    redis
+        .command(&[
+            "ZADD",
+            "leasehold:{raw}:leases",
+            &(now_ms - 500).to_string(),
+            &format!("~r:{stale}"),
+        ])
+        .unwrap();
+
+    // inspect: the semaphore.
+    let state = ok_json(&url, &["inspect", "pool", "--json"]).await;
+    assert_eq!(state["kind"], "semaphore", "{state}");
+    assert_eq!(state["lock_kind"], "semaphore");
+    assert_eq!(state["mode"], Json::Null);
+    assert_eq!(state["fence"], Json::Null);
+    assert_eq!(state["ttl_ms"], Json::Null);
+    assert_eq!(state["no_expiry"], true);
+    assert_eq!(
+        (
+            &state["permits"],
+            &state["permits_taken"],
+            &state["permits_available"],
+            &state["count"]
+        ),
+        (&Json::from(3), &Json::from(2), &Json::from(1), &Json::Null)
+    );
+    let holders = state["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{state}");
+    assert_eq!(holders[0]["owner"], permit.id());
+    assert_eq!(holders[0]["permits"], 2);
+    assert_eq!(holders[0]["hold_count"], 1);
+    assert_eq!(holders[0]["role"], Json::Null);
+    assert_eq!(holders[0]["token"], token);
+    let lease = holders[0]["lease_ms"].as_i64().expect("the permit's lease");
+    assert!(lease > 0 && lease <= 30_000, "lease {lease}");
+    let queue = state["queue"].as_array().unwrap();
+    assert_eq!(queue.len(), 2, "{state}");
+    let queued: Vec<(&str, u64)> = queue
+        .iter()
+        .map(|w| (w["owner"].as_str().unwrap(), w["permits"].as_u64().unwrap()))
+        .collect();
+    assert!(queued[0].0.starts_with(clients[0].id()), "{state}");
+    assert!(queued[1].0.starts_with(clients[1].id()), "{state}");
+    assert_eq!((queued[0].1, queued[1].1), (2, 1));
+    for waiter in queue {
+        assert_eq!(waiter["wants"], Json::Null);
+        let entry = waiter["entry_ms"].as_i64().expect("an entry deadline");
+        assert!(entry > 0 && entry <= 30_000, "entry {entry}");
+    }
+    assert_eq!(state["queued_clients"], Json::Array(vec![]));
+
+    let text = ok(&url, &["inspect", "pool"]).await;
+    assert!(text.starts_with("semaphore  pool\n"), "{text}");
+    assert!(text.contains("kind       semaphore ("), "{text}");
+    assert!(
+        text.contains("permits    3 total, 2 taken, 1 available\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "holder     {}  permits 2  token {token}  lease ",
+            permit.id()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "queue      1. {}  wants 2 permits  waiting ",
+            queued[0].0
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "           2. {}  wants 1 permit  waiting ",
+            queued[1].0
+        )),
+        "{text}"
+    );
+    assert!(
+        !text.contains("rwlock") && !text.contains("reader"),
+        "{text}"
+    );
+
+    // The raw one: an expired permit is still taken until the semaphore's next call.
+    let raw = ok_json(&url, &["inspect", "raw", "--json"]).await;
+    assert_eq!(raw["lock_kind"], "semaphore", "{raw}");
+    assert_eq!(raw["holders"][0]["owner"], stale.as_str());
+    assert_eq!(raw["holders"][0]["token"], 77);
+    assert!(raw["holders"][0]["lease_ms"].as_i64().unwrap() < 0, "{raw}");
+    let text = ok(&url, &["inspect", "raw"]).await;
+    assert!(
+        text.contains("lease ran out ")
+            && text.contains("its permits return at the semaphore's next call"),
+        "{text}"
+    );
+
+    // inspect: the latch.
+    let latch = ok_json(&url, &["inspect", "gate", "--json"]).await;
+    assert_eq!(latch["kind"], "latch", "{latch}");
+    assert_eq!(latch["lock_kind"], "latch");
+    assert_eq!(latch["count"], 2);
+    assert_eq!(latch["waiters"], 1);
+    assert_eq!(latch["holders"], Json::Array(vec![]));
+    assert_eq!(latch["permits"], Json::Null);
+    let text = ok(&url, &["inspect", "gate"]).await;
+    assert!(text.starts_with("latch    gate\n"), "{text}");
+    assert!(
+        text.contains("kind     latch (count-down latch)\n"),
+        "{text}"
+    );
+    assert!(text.contains("count    2 ("), "{text}");
+    assert!(text.contains("1 client subscribed"), "{text}");
+
+    // list: the three, and not the semaphore's `:wants` hash (nor its zsets).
+    assert_eq!(
+        redis
+            .command(&["TYPE", "leasehold:{pool}:wants"])
+            .unwrap()
+            .as_str(),
+        Some("hash".to_string())
+    );
+    let listed = ok_json(&url, &["list", "--json"]).await;
+    let locks = listed["locks"].as_array().unwrap();
+    let names: Vec<&str> = locks.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["gate", "pool", "raw"], "{listed}");
+    let (gate_row, pool_row) = (&locks[0], &locks[1]);
+    assert_eq!(pool_row["lock_kind"], "semaphore");
+    assert_eq!(pool_row["mode"], Json::Null);
+    assert_eq!(pool_row["permits"], 3);
+    assert_eq!(pool_row["permits_taken"], 2);
+    assert_eq!(pool_row["permits_available"], 1);
+    assert_eq!(pool_row["queued"], 2);
+    assert_eq!(pool_row["ttl_ms"], Json::Null);
+    assert_eq!(pool_row["holders"][0]["owner"], permit.id());
+    assert_eq!(pool_row["holders"][0]["permits"], 2);
+    assert_eq!(pool_row["holders"][0]["token"], token);
+    assert_eq!(gate_row["lock_kind"], "latch");
+    assert_eq!(gate_row["count"], 2);
+    assert_eq!(gate_row["queued"], 0);
+    assert_eq!(gate_row["holders"], Json::Array(vec![]));
+    let text = ok(&url, &["list"]).await;
+    assert_eq!(
+        row(&text, "pool"),
+        [
+            "pool",
+            "semaphore",
+            "2/3",
+            "taken",
+            permit.id(),
+            "(2",
+            "permits)",
+            "2",
+            "-"
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        row(&text, "gate"),
+        ["gate", "latch", "count", "2", "-", "-", "-"],
+        "{text}"
+    );
+    assert_eq!(
+        row(&text, "raw")[1..4],
+        ["semaphore", "1/2", "taken"],
+        "{text}"
+    );
+    assert!(text.ends_with("2 semaphores, 1 latch\n"), "{text}");
+
+    // watch: a semaphore's holds are its permits taken, its token its newest acquisition's.
+    let frame = ok(&url, &["watch", "--once"]).await;
+    let token_text = token.to_string();
+    assert_eq!(
+        row(&frame, "pool"),
+        [
+            "pool",
+            "semaphore",
+            "2/3",
+            "taken",
+            permit.id(),
+            "2",
+            "-",
+            "2",
+            token_text.as_str(),
+            "1"
+        ],
+        "{frame}"
+    );
+    assert_eq!(
+        row(&frame, "gate"),
+        ["gate", "latch", "count", "2", "-", "-", "-", "-", "-", "0"],
+        "{frame}"
+    );
+
+    // unlock --force refuses both, and changes nothing.
+    for json in [false, true] {
+        let mut args = vec!["unlock", "--force", "--yes", "pool"];
+        if json {
+            args.push("--json");
+        }
+        let output = leasehold(&url, &args).await;
+        assert_clean_failure(
+            &output,
+            "\"pool\" is a semaphore (2/3 permits taken), not a lock",
+        );
+        assert!(
+            stderr(&output).contains("Semaphore::delete"),
+            "{}",
+            stderr(&output)
+        );
+    }
+    let output = leasehold(&url, &["unlock", "--force", "--yes", "gate"]).await;
+    assert_clean_failure(
+        &output,
+        "\"gate\" is a count-down latch (count 2), not a lock",
+    );
+    assert!(
+        stderr(&output).contains("Latch::count_down"),
+        "{}",
+        stderr(&output)
+    );
+    let output = leasehold(&url, &["unlock", "--force", "--yes", "raw"]).await;
+    assert_clean_failure(&output, "is a semaphore (1/2 permits taken)");
+    assert!(permit.is_held());
+    assert_eq!(pool.available_permits().await.unwrap(), 1);
+    assert_eq!(gate.count().await.unwrap(), 2);
+    assert!(!latch_waiter.is_finished());
+    assert_eq!(
+        redis
+            .command(&["HGET", "leasehold:{raw}", "~used"])
+            .unwrap()
+            .as_str(),
+        Some("1".to_string())
+    );
+
+    // The waiters are served in turn; the latch opens.
+    permit.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("every waiter gets its permits in turn")
+            .unwrap();
+    }
+    gate.count_down().await.unwrap();
+    gate.count_down().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), latch_waiter)
+        .await
+        .expect("the latch opened")
+        .unwrap();
+
+    // A semaphore with nothing taken is still listed (it keeps its number); an open latch is
+    // gone.
+    let listed = ok_json(&url, &["list", "--json"]).await;
+    let names: Vec<&str> = listed["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["pool", "raw"], "{listed}");
+    assert_eq!(listed["locks"][0]["permits_taken"], 0);
+    assert_eq!(listed["locks"][0]["holders"], Json::Array(vec![]));
+    let text = ok(&url, &["inspect", "pool"]).await;
+    assert!(text.contains("holders    none"), "{text}");
+    assert!(text.contains("queue      empty"), "{text}");
+    let absent = ok_json(&url, &["inspect", "gate", "--json"]).await;
+    assert_eq!(absent["kind"], "none");
+}
