@@ -1,7 +1,8 @@
 //! The Lua scripts: one per state change, each in its own `.lua` file beside this one.
 //!
 //! The files name the protocol's words as placeholders (`@FENCE@`, `@TURN@`, `@EXPIRING@`,
-//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`, and `@HAND_ON@` for the fair scripts' shared hand-on); [`Scripts::new`] fills them in from
+//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`) and the shared pieces they inline (`@NEXT_FENCE@`,
+//! `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
 //! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
 //! can lengthen the turn grace.
 //!
@@ -77,6 +78,7 @@ impl LuaScript {
 fn fill(template: &str, protocol: &Protocol) -> String {
     let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
     let lua = template
+        .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@HAND_ON@", files::FAIR_HAND_ON)
         .replace("@RW_COMMON@", files::RW_COMMON)
         .replace("@SEM_COMMON@", files::SEM_COMMON)
@@ -115,6 +117,9 @@ pub mod files {
     pub const FAIR_RELEASE: &str = include_str!("scripts/fair/release.lua");
     /// `fair/leave.lua`: a fair-lock waiter gives up its place (and a turn reserved for it).
     pub const FAIR_LEAVE: &str = include_str!("scripts/fair/leave.lua");
+    /// `next_fence.lua`: the next fencing token, inlined where a script that grants says
+    /// `@NEXT_FENCE@` (not a script itself).
+    pub const NEXT_FENCE: &str = include_str!("scripts/next_fence.lua");
     /// `fair/hand_on.lua`: inlined where a fair script says `@HAND_ON@` (not a script itself).
     pub const FAIR_HAND_ON: &str = include_str!("scripts/fair/hand_on.lua");
     /// `rw/acquire.lua`: acquire, re-enter or queue for a read/write lock's read or write side.

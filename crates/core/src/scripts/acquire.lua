@@ -81,32 +81,10 @@ if not fresh then
 end
 
 if fresh then
-  -- The fence first, before any other write: a failure here leaves the lock (or its
-  -- reservation) as it was. It must keep rising even when Redis lost the counter (restart
-  -- without persistence, failover before replication): server time in microseconds is a floor
-  -- that only moves forward as long as the server clock does. One command reads the stored
-  -- fence and writes that floor; only when the stored value is ahead (the clock stepped back,
-  -- or two grants in one microsecond) is it written again.
+  -- The next fencing token, before any other write: a failure leaves the lock (or its
+  -- reservation) as it was (next_fence.lua).
   local t = redis.call('TIME')
-  local now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
-  local fence = now
-  local stored = redis.pcall('SET', KEYS[2], now, 'GET')
-  if type(stored) == 'table' and stored.err then
-    if string.sub(stored.err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE 2 the fencing counter holds another type')
-    end
-    return stored
-  end
-  -- Tokens stay decimal text: without leading zeros, a longer number is larger, and at equal
-  -- length text order is number order. A stored value that is not such a number below 2^63 - 1
-  -- (written by someone else) counts as lost, like after a restart: the counter now holds the
-  -- server time and the token continues from there, instead of every grant failing.
-  if stored and (#stored > #now or (#stored == #now and stored >= now))
-      and (#stored < 19 or (#stored == 19 and stored < '9223372036854775807'))
-      and string.find(stored, '^[1-9][0-9]*$') then
-    redis.call('SET', KEYS[2], stored)
-    fence = redis.call('INCR', KEYS[2])
-  end
+  @NEXT_FENCE@
   if mode == 'w' then
     -- A waiter got the lock: its client leaves the queue, or goes to the back when it has
     -- more waiters (scores are microseconds); the other clients hear the turn was taken (and

@@ -109,21 +109,7 @@ end
 
 if may then
   -- The fence first, before any other write (see acquire.lua).
-  local now = t[1] .. string.sub('000000', #t[2] + 1) .. t[2]
-  local fence = now
-  local stored = redis.pcall('SET', KEYS[2], now, 'GET')
-  if type(stored) == 'table' and stored.err then
-    if string.sub(stored.err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE 2 the fencing counter holds another type')
-    end
-    return stored
-  end
-  if stored and (#stored > #now or (#stored == #now and stored >= now))
-      and (#stored < 19 or (#stored == 19 and stored < '9223372036854775807'))
-      and string.find(stored, '^[1-9][0-9]*$') then
-    redis.call('SET', KEYS[2], stored)
-    fence = redis.call('INCR', KEYS[2])
-  end
+  @NEXT_FENCE@
   if not held then
     redis.call('DEL', KEYS[1]) -- a reservation
   end
