@@ -14,6 +14,9 @@
 //! # Ok::<(), leasehold::LockError>(()) });
 //! ```
 //!
+//! - Kinds on one machinery: the reentrant [`Lock`] (or non-reentrant), the fair lock
+//!   ([`LockClient::fair_lock`]: strict arrival order over every waiter), the read/write lock
+//!   ([`RwLock`]), the [`Semaphore`] with owned, leased permits, and the count-down [`Latch`].
 //! - Reentrant per owner (by default the current tokio task), with hold counts.
 //! - Watchdog renewal for holds without an explicit lease; lost-lease detection on the guard
 //!   ([`LockGuard::is_held`], [`LockGuard::lost`], [`LockGuard::run_while_held`]).
