@@ -189,7 +189,8 @@ impl LockClient {
     }
 
     /// A handle on the read/write lock `name`: many readers or one writer, through
-    /// [`RwLock::read`] and [`RwLock::write`] (see [`RwLock`] for the policy).
+    /// [`RwLock::read`](crate::RwLock::read) and [`RwLock::write`](crate::RwLock::write) (see
+    /// [`RwLock`](crate::RwLock) for the policy).
     ///
     /// # Errors
     /// As [`LockClient::lock`].
