@@ -1486,3 +1486,44 @@ async fn defect19_force_unlock_of_a_reserved_rw_lock_lets_all_readers_in() {
     }
     drop(w);
 }
+
+/// A semaphore's waiter keeps what it wants (`P:{N}:wants`) for as long as its place in line:
+/// the watchdog's renewal of its entry also renews that.
+///
+/// Failed before the fix: the renewal extended the waiter's entry but not `:wants`, which only
+/// the waiter's own tries kept (for its lease + 1 s); a waiter whose tries were delayed (2 s
+/// of latency with a 6 s lease) lost it, and a small request was served ahead of its large one.
+/// Found while documenting the semaphore.
+#[tokio::test]
+async fn defect20_a_semaphore_waiters_wants_live_as_long_as_its_entry() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    let semaphore = a.semaphore("wants").unwrap();
+    let keys = semaphore.keys().clone();
+    let id = "0123456789abcdef0123456789abcdef:o1";
+    cmd(&redis, &["ZADD", &keys.waiters(), "1", id]);
+    cmd(
+        &redis,
+        &["ZADD", &keys.waiters_until(), "99999999999999", id],
+    );
+    cmd(&redis, &["HSET", &keys.wants(), id, "3"]);
+    for key in [keys.waiters(), keys.waiters_until(), keys.wants()] {
+        cmd(&redis, &["PEXPIRE", &key, "500"]);
+    }
+    let renewal = leasehold_core::commands::Renewal {
+        hold: leasehold_core::HoldId::new(keys.clone(), leasehold::Owner::from_id(id)),
+        token: None,
+    };
+    let lease = leasehold::Lease::new(Duration::from_secs(30)).unwrap();
+    let renewed = leasehold_core::commands::renew(a.redis(), &common::scripts(), &[renewal], lease)
+        .await
+        .unwrap();
+    assert_eq!(renewed, vec![true]);
+    for key in [keys.waiters(), keys.waiters_until(), keys.wants()] {
+        assert!(
+            pttl(&redis, &key) > 20_000,
+            "{key} was not renewed: {}",
+            pttl(&redis, &key)
+        );
+    }
+}

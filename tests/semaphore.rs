@@ -457,3 +457,27 @@ async fn a_latch_waiter_that_missed_the_message_still_goes() {
 fn child_holder_entry_point() {
     common::run_child_holder_if_asked();
 }
+
+/// force_unlock through a lock handle on a semaphore's or a latch's name refuses to delete
+/// it (it would drop the number of permits, or open the latch).
+#[tokio::test]
+async fn force_unlock_leaves_semaphores_and_latches_alone() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    let semaphore = a.semaphore("pool").unwrap();
+    semaphore.set_permits(2).await.unwrap();
+    let permit = semaphore.acquire(1).await.unwrap();
+    assert!(matches!(
+        a.lock("pool").unwrap().force_unlock().await,
+        Err(LockError::WrongType { .. })
+    ));
+    let latch = a.latch("gate").unwrap();
+    latch.try_set_count(1).await.unwrap();
+    assert!(matches!(
+        a.lock("gate").unwrap().force_unlock().await,
+        Err(LockError::WrongType { .. })
+    ));
+    assert_eq!(latch.count().await.unwrap(), 1);
+    assert_eq!(semaphore.available_permits().await.unwrap(), 1);
+    permit.release().await.unwrap();
+}

@@ -405,9 +405,13 @@ pub async fn semaphore_set<C: LuaInterface + Send + Sync>(
     change: SemaphoreChange,
 ) -> Result<bool> {
     let prefix = keys.waiter_channel_prefix();
+    let number = |n: u64| {
+        i64::try_from(n)
+            .map_err(|_| LockError::InvalidArgument(format!("{n} permits: at most {}", i64::MAX)))
+    };
     let (op, n) = match change {
-        SemaphoreChange::TrySet(n) => ("try", n as i64),
-        SemaphoreChange::Set(n) => ("set", n as i64),
+        SemaphoreChange::TrySet(n) => ("try", number(n)?),
+        SemaphoreChange::Set(n) => ("set", number(n)?),
         SemaphoreChange::Add(n) => ("add", n),
         SemaphoreChange::Delete => ("delete", 0),
     };
@@ -447,12 +451,15 @@ pub async fn latch_set_count<C: LuaInterface + Send + Sync>(
     keys: &LockKeys,
     count: u64,
 ) -> Result<bool> {
+    let count = i64::try_from(count).map_err(|_| {
+        LockError::InvalidArgument(format!("a latch count of {count}: at most {}", i64::MAX))
+    })?;
     let set: i64 = scripts
         .latch_set_count
         .call(client, || {
             (
                 Key::from(keys.hash_str()).into(),
-                Value::Array(vec![Value::from(count as i64)]),
+                Value::Array(vec![Value::from(count)]),
             )
         })
         .await
@@ -707,7 +714,12 @@ pub async fn renew<C: LuaInterface + Send + Sync>(
                     None => {
                         keys.push(Key::from(lock.waiters()));
                         keys.push(Key::from(lock.waiters_until()));
-                        args.push(token_arg(None));
+                        if lock.is_semaphore() {
+                            keys.push(Key::from(lock.wants()));
+                            args.push(word("+"));
+                        } else {
+                            args.push(token_arg(None));
+                        }
                     }
                 }
             }

@@ -21,6 +21,12 @@ end
 if kind ~= 'hash' then
   return redis.error_reply('WRONGTYPE 1 the key holds a ' .. kind .. ', not a lock')
 end
+-- A semaphore's or a latch's hash is not a lock's: deleting it would drop its number of
+-- permits (and orphan their leases) or open the latch. Left alone.
+if redis.call('HEXISTS', KEYS[1], '@PERMITS@') == 1 or redis.call('HEXISTS', KEYS[1], '@USED@') == 1
+    or redis.call('HEXISTS', KEYS[1], '@LATCH@') == 1 then
+  return redis.error_reply('WRONGTYPE 1 the key is a semaphore or a count-down latch, not a lock')
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prefix = ARGV[2]

@@ -1,11 +1,13 @@
 -- Renew many holds and fair-lock queue entries in one round trip (the watchdog's tick).
 --
 -- KEYS        per item, in order: a hold's lock hash; for a queue entry, the waiters zset and
---             their deadlines zset; for a read/write lock's hold, its hash and its leases zset
---             (two keys each). On Cluster, all in one slot: the caller groups by slot.
+--             their deadlines zset (and for a semaphore's waiter, what the waiters want: three
+--             keys); for a read/write lock's hold or a permit, its hash and its leases zset
+--             (two keys). On Cluster, all in one slot: the caller groups by slot.
 -- ARGV[1]     lease in milliseconds
 -- ARGV[2i]    owner id of item i
--- ARGV[2i+1]  the token of the grant that hold belongs to; '' for a queue entry; 'r<token>'
+-- ARGV[2i+1]  the token of the grant that hold belongs to; '' for a queue entry ('+' for a
+--             semaphore's, with the third key); 'r<token>'
 --             or 'w<token>' for a read/write lock's read or write hold; 's<token>' for a
 --             semaphore's permit (as a read hold, but the semaphore's hash and leases keep no
 --             TTL: they live with the semaphore)
@@ -26,7 +28,8 @@ local k = 1
 local now_ms
 for i = 1, (#ARGV - 1) / 2 do
   local owner, token = ARGV[2 * i], ARGV[2 * i + 1]
-  if token == '' then
+  if token == '' or token == '+' then
+    local last = token == '+' and k + 2 or k + 1
     local score = redis.pcall('ZSCORE', KEYS[k + 1], owner)
     if type(score) == 'string' then
       if not now_ms then
@@ -34,7 +37,7 @@ for i = 1, (#ARGV - 1) / 2 do
         now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       end
       redis.call('ZADD', KEYS[k + 1], now_ms + lease, owner)
-      for j = k, k + 1 do
+      for j = k, last do
         if redis.call('PTTL', KEYS[j]) < lease + 1000 then
           redis.call('PEXPIRE', KEYS[j], lease + 1000)
         end
@@ -43,7 +46,7 @@ for i = 1, (#ARGV - 1) / 2 do
     else
       renewed[i] = 0
     end
-    k = k + 2
+    k = last + 1
   elseif string.byte(token, 1) > 57 then
     -- A read/write lock's hold ('r' or 'w' sorts after the digits): its own lease in the
     -- leases zset, which lives as long as the latest lease.

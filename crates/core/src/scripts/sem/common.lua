@@ -11,9 +11,11 @@
 -- KEYS[4]  their deadlines         P:{N}:waiters:until  id -> server ms (renewed by the
 --                                                       watchdog)
 -- KEYS[5]  permit leases           P:{N}:leases         '@READ@<id>' -> that permit's deadline
---                                                       (server ms); lives as long as the
---                                                       latest
--- KEYS[6]  what each waiter wants  P:{N}:wants          id -> number of permits
+--                                                       (server ms); no TTL, like the hash:
+--                                                       an expired permit stays listed until
+--                                                       a call gives it back
+-- KEYS[6]  what each waiter wants  P:{N}:wants          id -> number of permits (renewed
+--                                                       with the waiters' entries)
 -- Needs `now_ms` (server time) and `prefix` (the waiter channel prefix P:{N}:released:).
 
 local READ = '@READ@'
