@@ -74,6 +74,24 @@
 //! The 15 s stall check ([`STUCK`]) stays: it covers what this rule cannot prove, stalls on a
 //! lock not provably free (a hold kept alive for ever, a key without a TTL) and waiters still
 //! waiting at the stop.
+//!
+//! On a fair lock a free lock is the first live waiter's turn, reserved until that waiter's
+//! entry would lapse; the rule holds as it is (the first waiter's grant ends the free stretch),
+//! except that a waiter that cannot take its turn holds the others up for up to a lease:
+//! [`line_holds`] adds those stretches to the hidden grants.
+//!
+//! # Arrival order on fair locks
+//!
+//! A fair lock serves its waiters in arrival order, skipping only a dead waiter, whose entry
+//! is then removed (it comes back, if ever, at the back, with a new arrival). The clients read
+//! the line on a connection of their own straight to Redis: just before each fair acquire,
+//! whether its owner already had an entry, a hold or a turn there ([`Event::Floor`]); while a
+//! fair acquire waits, its owner's entry's arrival every 2 ms ([`Event::Queued`]). A grant
+//! whose acquire began while another owner's entry was in line, and after which that same
+//! entry (same arrival) was still seen in line, went past a waiter that was ahead of it all
+//! along ([`FAIR_ORDER`]; [`fair_order_check`] says why no fault excuses it). Order is only
+//! judged from what the line showed, never from when calls began or returned: a waiter whose
+//! entry lapsed under a fault may be passed, and shows a new arrival.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -84,7 +102,7 @@ use anyhow::Context;
 use crate::history::{
     read_client_histories, read_faults, ClientHistory, Event, Fault, FaultKind, Kind, ReleaseHow,
 };
-use crate::run::{Cleanup, RunConfig};
+use crate::run::{is_fair, lock_name, Cleanup, RunConfig};
 use crate::store::{Accepted, Refused, Store};
 use crate::worker::MAX_EXPLICIT_LEASE;
 use leasehold_core::protocol::DEFAULT_TURN_GRACE as TURN_GRACE;
@@ -203,6 +221,39 @@ struct Op {
     abandoned: Option<i64>,
     /// When the guard was handed to another task, and that task's number.
     handoff: Option<(i64, u32)>,
+    /// The lock's name (`res-<i>`, or `fair-<i>` for a fair lock).
+    lock: String,
+    fair: bool,
+    /// A fair op's owner just before the call ([`Event::Floor`]).
+    floor: Option<FloorSeen>,
+    /// A fair waiter's place in line, run by run ([`Event::Queued`]).
+    queued: Vec<QueueRun>,
+}
+
+/// What [`Event::Floor`] read: at some instant in [sent, answered], the owner had (or not) an
+/// entry in the line, a hold, a turn.
+#[derive(Clone, Copy, Debug)]
+struct FloorSeen {
+    sent: i64,
+    entry: bool,
+    held: bool,
+    turn: bool,
+}
+
+impl FloorSeen {
+    /// Nothing of the owner's at the lock: whatever the owner gets after, it gets anew.
+    fn clean(&self) -> bool {
+        !(self.entry || self.held || self.turn)
+    }
+}
+
+/// One [`Event::Queued`]: the entry with score `arrival` was in the line at some instant up
+/// to `first` and at some instant from `last` on.
+#[derive(Clone, Copy, Debug)]
+struct QueueRun {
+    first: i64,
+    arrival: i64,
+    last: i64,
 }
 
 impl Op {
@@ -260,13 +311,19 @@ impl Op {
         }
     }
 
+    /// The owner: a task's ops all run under the task's own owner id.
+    fn owner_key(&self) -> (u32, u32, u32) {
+        let (client, gen, _) = self.key;
+        (client, gen, self.task)
+    }
+
     fn describe(&self) -> String {
         let (client, gen, op) = self.key;
         let grant = self.granted.as_ref();
         format!(
-            "client {client} gen {gen} op {op} ({}, res-{}, owner {}, token {:?})",
+            "client {client} gen {gen} op {op} ({}, {}, owner {}, token {:?})",
             self.kind.name(),
-            self.res,
+            self.lock,
             grant.map_or("-", |g| g.owner.as_str()),
             grant.and_then(|g| g.token)
         )
@@ -342,6 +399,8 @@ pub const OVERLAP_DATA_LOSS: &str = "exclusion: overlaps after Redis lost its da
 pub const LATE_WRITES: &str = "exclusion: writes landing after the writer's lease, in another hold";
 pub const ORPHANED: &str =
     "release: acquires that re-entered a hold their owner had let go of (unlock left it held)";
+pub const FAIR_ORDER: &str =
+    "fair: acquires granted past a waiter that was in line ahead of them all along";
 pub const STUCK: &str = "liveness: waiters that never progressed after faults healed";
 pub const FREE_LOCK: &str = "liveness: waiters left waiting on a free lock past the bound";
 pub const KEYS_LEFT: &str =
@@ -414,6 +473,10 @@ pub fn analyze(
                         released: None,
                         abandoned: None,
                         handoff: None,
+                        lock: lock_name(*res, config.resources),
+                        fair: is_fair(*res, config.resources),
+                        floor: None,
+                        queued: Vec::new(),
                     },
                 );
                 continue;
@@ -451,6 +514,27 @@ pub fn analyze(
                 } => entry.released = Some((*t, *how, outcome.clone())),
                 Event::Abandoned { t, .. } => entry.abandoned = Some(*t),
                 Event::Handoff { t, to_task, .. } => entry.handoff = Some((*t, *to_task)),
+                Event::Floor {
+                    t,
+                    entry: in_line,
+                    held,
+                    turn,
+                    ..
+                } => {
+                    entry.floor = Some(FloorSeen {
+                        sent: *t,
+                        entry: *in_line,
+                        held: *held,
+                        turn: *turn,
+                    });
+                }
+                Event::Queued {
+                    t, arrival, last, ..
+                } => entry.queued.push(QueueRun {
+                    first: *t,
+                    arrival: *arrival,
+                    last: *last,
+                }),
                 Event::Begin { .. } | Event::Start { .. } | Event::Drained { .. } => {}
             }
         }
@@ -478,11 +562,18 @@ pub fn analyze(
             .map(|(_, e)| *e)
             .max()
     };
-    fence_checks(&mut report, &ops, accepted, &restart_within);
+    fence_checks(
+        &mut report,
+        &ops,
+        accepted,
+        &restart_within,
+        config.resources,
+    );
     exclusion_checks(&mut report, &ops, faults, &last_restart_within);
     liveness_check(&mut report, config, &ops, faults, &drained);
     free_lock_check(&mut report, config, &ops, faults);
     orphan_check(&mut report, config, &ops);
+    fair_order_check(&mut report, &ops);
 
     report.checks.push(CheckLine {
         name: KEYS_LEFT,
@@ -621,6 +712,7 @@ fn fence_checks(
     ops: &BTreeMap<OpKey, Op>,
     accepted: &[Accepted],
     restart_within: &dyn Fn(i64, i64) -> bool,
+    plain: u32,
 ) {
     // The store's own invariant, from its log.
     let mut last: HashMap<u32, u64> = HashMap::new();
@@ -631,8 +723,9 @@ fn fence_checks(
             if write.token <= prev {
                 non_increasing += 1;
                 report.samples.push(format!(
-                    "store accepted token {} on res-{} after {prev}",
-                    write.token, write.resource
+                    "store accepted token {} on {} after {prev}",
+                    write.token,
+                    lock_name(write.resource, plain)
                 ));
             }
         }
@@ -983,6 +1076,163 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
     });
 }
 
+/// Grants on fair locks past a waiter that was in line ahead of them all along. A pair of ops
+/// on one fair lock, under two owners, is judged when
+/// - `b`'s floor ([`Event::Floor`], read on the client's own connection just before the call)
+///   found nothing of its owner's at the lock: no entry in the line, no hold, no turn; and
+/// - `a`'s owner had an entry in the line before that floor was read: a run of polls of
+///   `a`'s place ([`Event::Queued`]) began before the floor was sent.
+///
+/// Then `b` must not be granted while that entry is still in line: if the same run (the same
+/// arrival) was seen again after `b`'s grant was recorded, `b` was granted past `a`.
+///
+/// Why such a grant can only be a bug. Commands run in Redis one at a time, each at an instant
+/// between its sending and its reply, on the run's one clock, so: `a`'s entry was in the line
+/// before `b`'s floor ran, `b`'s scripts ran after it, and `b`'s grant ran before the grant was
+/// recorded, before the last poll that still found `a`'s entry. An entry keeps its arrival from
+/// the try that queued it until it is removed, and one that comes back (after it lapsed, was
+/// given up, or Redis lost its data) gets a new arrival, later than any in line: the same
+/// arrival at both ends means the entry never left the line in between. Anything `b`'s owner
+/// had in line at the lock came after `a`'s entry (the floor found nothing of it): an entry
+/// of its own queued behind `a`'s, and a grant or a turn only through a grant or a turn of its
+/// own. The fair scripts hand a free lock (and reserve a turn) only to the first live entry,
+/// removing the dead ones ahead of it first. So at `b`'s grant `a`'s entry was live (it was not
+/// removed) and ahead of `b`: the lock was `a`'s turn, not `b`'s, whatever faults hit either
+/// client (`a` paused, cut off or killed loses its place only by its entry's removal, which
+/// the run shows). A grant of `b`'s owner through an orphaned hold needs such a grant first;
+/// one through its earlier entry or hold is what the floor rules out (those acquires are
+/// counted, not judged).
+fn fair_order_check(report: &mut Report, ops: &BTreeMap<OpKey, Op>) {
+    let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
+    for op in ops.values().filter(|o| o.fair) {
+        by_res.entry(op.res).or_default().push(op);
+    }
+    let mut stats = FairStats::default();
+    let mut past = 0;
+    for lock in by_res.values() {
+        for b in lock {
+            stats.op(b, lock);
+            let (Some(floor), Some(grant)) = (b.floor, b.granted.as_ref()) else {
+                continue;
+            };
+            if !floor.clean() {
+                continue;
+            }
+            stats.judged_grants += 1;
+            let mut overtaken = None;
+            for a in lock.iter().filter(|a| a.owner_key() != b.owner_key()) {
+                // Of `a`'s runs in line before `b`'s floor, the one seen last; a pair counts when
+                // it was still seen after the floor (`a` was in line when `b` began).
+                let Some(run) = a
+                    .queued
+                    .iter()
+                    .filter(|run| run.first < floor.sent)
+                    .max_by_key(|run| run.last)
+                    .filter(|run| run.last >= floor.sent)
+                else {
+                    continue;
+                };
+                stats.pairs += 1;
+                if run.last > grant.t && overtaken.is_none() {
+                    overtaken = Some((a, run));
+                }
+            }
+            if let Some((a, run)) = overtaken {
+                past += 1;
+                report.samples.push(format!(
+                    "granted past a waiter in line ahead of it: {} was granted by {} although the \
+                     entry (arrival {}) of {} was in line before the acquire began at {} (its \
+                     owner having nothing at the lock then) and still at {}",
+                    b.describe(),
+                    grant.t,
+                    run.arrival,
+                    a.describe(),
+                    floor.sent,
+                    run.last
+                ));
+            }
+        }
+    }
+    report.other_stats.push((
+        "fair-lock ops".into(),
+        format!(
+            "{} calls, {} granted; {} waits seen in line, {} of them came back with a new \
+             arrival",
+            stats.ops, stats.granted, stats.seen_in_line, stats.back_in_line
+        ),
+    ));
+    report.checks.push(CheckLine {
+        name: FAIR_ORDER,
+        count: past,
+        must_be_zero: true,
+        note: format!(
+            "{} grants judged against the {} waiters in line when they began; not judged: {} whose \
+             owner already had an entry ({} of them from an earlier wait, not a joined op), {} \
+             a hold, {} a turn at the lock, {} whose owner's state could not be read",
+            stats.judged_grants,
+            stats.pairs,
+            stats.entry,
+            stats.inherited,
+            stats.held,
+            stats.turn,
+            stats.no_floor
+        ),
+    });
+}
+
+/// What the fair-order rule saw, for the report.
+#[derive(Default)]
+struct FairStats {
+    ops: usize,
+    granted: usize,
+    seen_in_line: usize,
+    back_in_line: usize,
+    no_floor: usize,
+    entry: usize,
+    /// Of `entry`: no other op of the owner was under way on the lock (the entry was left by
+    /// an earlier wait whose leave had not run yet).
+    inherited: usize,
+    held: usize,
+    turn: usize,
+    judged_grants: usize,
+    pairs: usize,
+}
+
+impl FairStats {
+    fn op(&mut self, op: &Op, lock: &[&Op]) {
+        self.ops += 1;
+        if op.granted.is_some() {
+            self.granted += 1;
+        }
+        if !op.queued.is_empty() {
+            self.seen_in_line += 1;
+        }
+        if op.queued.windows(2).any(|w| w[0].arrival != w[1].arrival) {
+            self.back_in_line += 1;
+        }
+        let Some(floor) = op.floor else {
+            self.no_floor += 1;
+            return;
+        };
+        if floor.entry {
+            self.entry += 1;
+            // (A joined op reads its floor before its `Begin`, maybe before its sibling's.)
+            let sibling = lock.iter().any(|o| {
+                let start = o.floor.map_or(o.begin, |f| f.sent.min(o.begin));
+                o.key != op.key
+                    && o.owner_key() == op.owner_key()
+                    && start <= floor.sent
+                    && o.over_at().is_none_or(|end| end >= floor.sent)
+            });
+            if !sibling {
+                self.inherited += 1;
+            }
+        }
+        self.held += usize::from(floor.held);
+        self.turn += usize::from(floor.turn);
+    }
+}
+
 fn liveness_check(
     report: &mut Report,
     config: &RunConfig,
@@ -1089,7 +1339,8 @@ impl FreedBy {
 struct LockOps<'a> {
     ops: Vec<&'a Op>,
     /// For each op, when its acquire may have taken the lock without the history showing when
-    /// (see [`hidden_grants`]).
+    /// (see [`hidden_grants`]), or, on a fair lock, its place in line may have held the others
+    /// up ([`line_holds`]).
     hidden: Vec<Vec<(i64, i64)>>,
 }
 
@@ -1120,6 +1371,48 @@ fn hidden_grants(op: &Op, faults: &[Fault], killed: Option<i64>) -> Vec<(i64, i6
         let from = op.begin.max(fault.start - LATE_DELIVERY_US);
         let to = end.min(fault.end + LATE_DELIVERY_US) + LATE_DELIVERY_US;
         if from <= end && fault.end + LATE_DELIVERY_US >= op.begin {
+            windows.push((from, to));
+        }
+    }
+    windows
+}
+
+/// When a fair-lock waiter may hold up the line without the history showing it, as windows
+/// like [`hidden_grants`]'s: a fair lock's turn goes to the first live entry in line, whose
+/// client alone is told, and stays reserved for it until its entry would lapse (one lease after
+/// its last renewal), so a waiter that cannot take its turn keeps the others waiting:
+/// - one cut short by SIGKILL: its entry lives on for a lease after the kill, then the turn
+///   grace (still under way at the end: for ever);
+/// - while a fault hits its client (a lost wake-up counts too: killing the subscriber
+///   connections), and until that fault's recovery has passed ([`free_lock_recovery_us`]) and
+///   then its entry has lapsed; also for a fault that begins just after the call, which can
+///   stop the background leave of a waiter that gave up.
+fn line_holds(
+    op: &Op,
+    faults: &[Fault],
+    killed: Option<i64>,
+    config: &RunConfig,
+) -> Vec<(i64, i64)> {
+    let (client, gen, _) = op.key;
+    let entry_life =
+        config.lease.as_micros() as i64 + EXPIRY_SLACK_US + TURN_GRACE.as_micros() as i64;
+    let mut windows = Vec::new();
+    let end = match (op.call_end(), killed) {
+        (Some(end), _) => end,
+        (None, Some(killed)) => {
+            windows.push((op.begin, killed + entry_life));
+            killed
+        }
+        (None, None) => {
+            windows.push((op.begin, i64::MAX));
+            return windows;
+        }
+    };
+    let leave_sent_by = end + config.command_timeout.as_micros() as i64 + LATE_DELIVERY_US;
+    for fault in faults.iter().filter(|f| hits(f, client, gen)) {
+        let from = op.begin.max(fault.start - LATE_DELIVERY_US);
+        let to = fault.end + free_lock_recovery_us(fault, config) + entry_life;
+        if fault.start - LATE_DELIVERY_US <= leave_sent_by && to >= op.begin {
             windows.push((from, to));
         }
     }
@@ -1364,7 +1657,11 @@ impl FreeLockStats {
 type TaskOps<'a> = HashMap<(u32, u32, u32, u32), Vec<&'a Op>>;
 
 /// Each lock's ops with their hidden grants, and each task's ops per lock.
-fn lock_ops<'a>(ops: &'a BTreeMap<OpKey, Op>, faults: &[Fault]) -> (Vec<LockOps<'a>>, TaskOps<'a>) {
+fn lock_ops<'a>(
+    ops: &'a BTreeMap<OpKey, Op>,
+    faults: &[Fault],
+    config: &RunConfig,
+) -> (Vec<LockOps<'a>>, TaskOps<'a>) {
     // When a killed process was certainly gone: the kill fault ended after the SIGKILL.
     let killed: HashMap<(u32, u32), i64> = faults
         .iter()
@@ -1388,7 +1685,12 @@ fn lock_ops<'a>(ops: &'a BTreeMap<OpKey, Op>, faults: &[Fault]) -> (Vec<LockOps<
                 .iter()
                 .map(|op| {
                     let (client, gen, _) = op.key;
-                    hidden_grants(op, faults, killed.get(&(client, gen)).copied())
+                    let killed = killed.get(&(client, gen)).copied();
+                    let mut windows = hidden_grants(op, faults, killed);
+                    if op.fair && op.kind.waits() {
+                        windows.extend(line_holds(op, faults, killed, config));
+                    }
+                    windows
                 })
                 .collect();
             LockOps { ops, hidden }
@@ -1409,7 +1711,7 @@ fn free_lock_check(
 ) {
     let mut faults = faults.to_vec();
     faults.sort_by_key(|f| f.start);
-    let (locks, by_task) = lock_ops(ops, &faults);
+    let (locks, by_task) = lock_ops(ops, &faults, config);
     let mut stats = FreeLockStats::default();
     let mut stuck: HashSet<OpKey> = HashSet::new();
     for lock in &locks {
@@ -1533,10 +1835,14 @@ mod tests {
             clients: 2,
             seed: 1,
             tasks: 1,
+            // res-0 plain, res 1 the fair lock fair-0.
             resources: 1,
+            fair_resources: 1,
+            fair_percent: 25,
             lease: Duration::from_secs(1),
             command_timeout: Duration::from_millis(500),
             ignore_lease: false,
+            cut_in_line: false,
             tolerate_orphaned_reentry: false,
         }
     }
@@ -2138,5 +2444,187 @@ mod tests {
         let report = run(&h, &[], &[]);
         assert_eq!(report.count(OVERLAP_TWO_TASKS), 0, "{report}");
         assert!(report.passed(), "{report}");
+    }
+
+    /// The fair lock of [`config`].
+    const FAIR: u32 = 1;
+
+    /// `events` moved to lock `res`.
+    fn on(res: u32, mut events: Vec<Event>) -> Vec<Event> {
+        for event in &mut events {
+            if let Event::Begin { res: r, .. } = event {
+                *r = res;
+            }
+        }
+        events
+    }
+
+    /// A fair op's floor, read at `t` (just before its `Begin`), found nothing of its owner's.
+    fn clean_floor(op: u64, t: i64) -> Event {
+        Event::Floor {
+            t,
+            op,
+            answered: t + 50,
+            entry: false,
+            held: false,
+            turn: false,
+        }
+    }
+
+    /// A run of polls that found `op`'s owner in line with `arrival` from `first` to `last`.
+    fn queued(op: u64, arrival: i64, first: i64, last: i64) -> Event {
+        Event::Queued {
+            t: first,
+            op,
+            arrival,
+            last,
+            polls: 10,
+        }
+    }
+
+    /// a holds the fair lock from 0 to 900 ms; b queues behind it (its entry, arrival
+    /// 1_000_010, seen from 10 ms to `b_last`) and is granted at 901 ms; c begins at 20 ms,
+    /// its floor clean, and is granted at `c_granted`.
+    fn line(c_granted: i64, b_last: i64) -> Vec<ClientHistory> {
+        let mut a = on(FAIR, hold(1, "a", 10, 0, 100, 800_000, None, 900_000));
+        a.insert(1, clean_floor(1, -50));
+        let mut b = on(FAIR, waiter(1, "b", 11, 5_000, 901_000));
+        b.insert(1, clean_floor(1, 4_900));
+        b.insert(2, queued(1, 1_000_010, 10_000, b_last));
+        let mut c = on(FAIR, waiter(1, "c", 12, 20_100, c_granted));
+        c.insert(1, clean_floor(1, 20_000));
+        vec![history(0, a), history(1, b), history(2, c)]
+    }
+
+    #[test]
+    fn a_grant_past_a_waiter_in_line_fails() {
+        // c, which began after b was in line, got the lock first, while b's entry (the same
+        // arrival) was still in line after c's grant.
+        let report = run(&line(900_500, 900_900), &[], &[]);
+        assert_eq!(report.count(FAIR_ORDER), 1, "{report}");
+        assert!(!report.passed());
+        // Faults on b's client change nothing: a waiter that lost its place has a new arrival.
+        let pause = fault(FaultKind::ClientPause, Some(1), 30_000, 600_000);
+        let restart = fault(FaultKind::RedisRestart, None, 30_000, 40_000);
+        assert_eq!(
+            run(&line(900_500, 900_900), &[pause, restart], &[]).count(FAIR_ORDER),
+            1
+        );
+    }
+
+    #[test]
+    fn grants_in_arrival_order_pass() {
+        // b (in line first) is granted at 901 ms, c after it.
+        let report = run(&line(1_000_000, 900_900), &[], &[]);
+        assert_eq!(report.count(FAIR_ORDER), 0, "{report}");
+        assert!(report.passed(), "{report}");
+        let judged = report.checks.iter().find(|c| c.name == FAIR_ORDER).unwrap();
+        // a, b and c each got the lock with nothing of theirs there before; c was judged
+        // against b.
+        assert!(
+            judged
+                .note
+                .starts_with("3 grants judged against the 1 waiters"),
+            "{}",
+            judged.note
+        );
+    }
+
+    #[test]
+    fn a_waiter_that_left_the_line_may_be_passed() {
+        // b's entry went at 400 ms (it lapsed while b's client was cut off): it came back with
+        // a new arrival, behind c.
+        let mut h = line(900_500, 400_000);
+        h[1].events
+            .insert(3, queued(1, 1_500_000, 950_000, 951_000));
+        let cut = fault(FaultKind::ProxyPartition, Some(1), 30_000, 1_600_000);
+        let report = run(&h, &[cut], &[]);
+        assert_eq!(report.count(FAIR_ORDER), 0, "{report}");
+        // b only seen in line after c's floor was read: c arrived first.
+        let mut h = line(900_500, 900_900);
+        h[1].events[2] = queued(1, 1_000_010, 25_000, 900_900);
+        assert_eq!(run(&h, &[], &[]).count(FAIR_ORDER), 0);
+    }
+
+    #[test]
+    fn an_owner_already_in_line_or_holding_is_not_judged() {
+        // c's owner had an entry of its own when c began (an earlier wait's, whose leave had
+        // not run yet): c may be ahead of b.
+        for (entry, held, turn) in [
+            (true, false, false),
+            (false, true, false),
+            (false, false, true),
+        ] {
+            let mut h = line(900_500, 900_900);
+            h[2].events[1] = Event::Floor {
+                t: 20_000,
+                op: 1,
+                answered: 20_050,
+                entry,
+                held,
+                turn,
+            };
+            let report = run(&h, &[], &[]);
+            assert_eq!(report.count(FAIR_ORDER), 0, "{report}");
+        }
+        // Nor is one whose floor could not be read.
+        let mut h = line(900_500, 900_900);
+        h[2].events.remove(1);
+        assert_eq!(run(&h, &[], &[]).count(FAIR_ORDER), 0);
+        // Nor a pair under one owner (joined ops of one task).
+        let mut h = line(900_500, 900_900);
+        let c = h.remove(2);
+        let renumbered: Vec<Event> = c
+            .events
+            .into_iter()
+            .filter(|e| !matches!(e, Event::Drained { .. }))
+            .map(|mut e| {
+                match &mut e {
+                    Event::Begin { op, .. }
+                    | Event::Floor { op, .. }
+                    | Event::Granted { op, .. }
+                    | Event::Check { op, .. }
+                    | Event::Released { op, .. } => *op = 2,
+                    _ => {}
+                }
+                e
+            })
+            .collect();
+        h[1].events.splice(0..0, renumbered);
+        assert_eq!(run(&h, &[], &[]).count(FAIR_ORDER), 0);
+    }
+
+    /// a unlocks the fair lock at 1 ms; k, a waiter queued before, was killed at -600 ms (its
+    /// entry stays in line until it lapses, a lease later, and the turn is reserved for it);
+    /// w, waiting since 0.5 ms, gets the lock at 1.2 s.
+    fn killed_in_line(res: u32) -> (Vec<ClientHistory>, Fault) {
+        let a = on(res, hold(1, "a", 10, 0, 100, 900, None, 1_000));
+        let k = vec![Event::Begin {
+            t: -900_000,
+            op: 1,
+            task: 0,
+            kind: Kind::Lock,
+            res,
+            lease_ms: None,
+        }];
+        let k = ClientHistory {
+            client: 2,
+            gen: 0,
+            events: k,
+            torn_lines: 0,
+        };
+        let w = on(res, waiter(1, "w", 11, 500, 1_200_000));
+        let kill = fault(FaultKind::ClientKill, Some(2), -600_100, -600_000);
+        (vec![history(0, a), history(1, w), k], kill)
+    }
+
+    #[test]
+    fn a_killed_waiter_holds_a_fair_line_for_a_lease() {
+        let (h, kill) = killed_in_line(FAIR);
+        let report = run(&h, std::slice::from_ref(&kill), &[]);
+        assert_eq!(report.count(FREE_LOCK), 0, "{report}");
+        // On a plain lock the turn passes after the grace: w waited too long.
+        let (h, kill) = killed_in_line(0);
+        assert_eq!(run(&h, &[kill], &[]).count(FREE_LOCK), 1);
     }
 }

@@ -155,6 +155,31 @@ pub enum Event {
     Handoff { t: i64, op: u64, to_task: u32 },
     /// The op was still running at the drain deadline: a waiter that never progressed.
     Abandoned { t: i64, op: u64 },
+    /// A fair-lock op's owner as Redis had it just before the acquire call, read in one script
+    /// on the client's own connection straight to Redis (not the library's): sent at `t`,
+    /// answered at `answered` (both before the op's `Begin`). `entry`: the owner had a place in
+    /// the lock's line (`P:{N}:waiters`); `held`: it held the lock; `turn`: the lock was
+    /// reserved for its turn.
+    Floor {
+        t: i64,
+        op: u64,
+        answered: i64,
+        entry: bool,
+        held: bool,
+        turn: bool,
+    },
+    /// A fair-lock waiter's place in line, seen by polling `ZSCORE P:{N}:waiters <owner>` on
+    /// that connection while the acquire was under way: one event per run of polls that found
+    /// the same `arrival` (the entry's score, server microseconds), recorded after the call.
+    /// `t` is when the run's first poll was answered (the entry was there at some instant up to
+    /// `t`), `last` when its last poll was sent (there at some instant from `last` on).
+    Queued {
+        t: i64,
+        op: u64,
+        arrival: i64,
+        last: i64,
+        polls: u32,
+    },
     /// Every task stopped; what the client still had registered locally afterwards.
     Drained {
         t: i64,
@@ -175,7 +200,9 @@ impl Event {
             | Event::Write { op, .. }
             | Event::Released { op, .. }
             | Event::Handoff { op, .. }
-            | Event::Abandoned { op, .. } => Some(*op),
+            | Event::Abandoned { op, .. }
+            | Event::Floor { op, .. }
+            | Event::Queued { op, .. } => Some(*op),
             Event::Start { .. } | Event::Drained { .. } => None,
         }
     }

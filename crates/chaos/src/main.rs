@@ -20,6 +20,9 @@
 //!   re-entry within one task may overlap; writes that landed after their writer's lease (a
 //!   pause between check and write) are counted with how many the fence refused;
 //! - release: no acquire re-entered a hold its owner had let go of (an orphaned hold);
+//! - fair: on the fair locks (`--fair-percent` of the ops), no acquire was granted while a
+//!   waiter that was in line before it began was still in line with the same arrival (the
+//!   clients read the lines on a connection of their own, straight to Redis);
 //! - liveness: every waiter got a lock the history proves free within 225 ms (the 25 ms turn
 //!   grace + 200 ms), or within that after a fault on its client (or on all) had healed and
 //!   its recovery passed; no operation stalled for 15 s with no fault nearby, none was still
@@ -35,6 +38,7 @@
 mod checker;
 mod clock;
 mod history;
+mod observer;
 mod orchestrator;
 mod rng;
 mod run;
@@ -76,9 +80,15 @@ enum Cmd {
         /// Tasks (lock owners) per client process.
         #[arg(long, default_value_t = 2)]
         tasks: u32,
-        /// Lock names shared by all clients.
+        /// Plain locks shared by all clients.
         #[arg(long, default_value_t = 3)]
         resources: u32,
+        /// Fair locks shared by all clients (`client.fair_lock`), besides the plain ones.
+        #[arg(long, default_value_t = 1)]
+        fair_resources: u32,
+        /// The share of operations on a fair lock, in percent.
+        #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u64).range(0..=100))]
+        fair_percent: u64,
         /// Watchdog lease of watched holds.
         #[arg(long, default_value = "1s", value_parser = parse_duration)]
         lease: Duration,
@@ -94,6 +104,9 @@ enum Cmd {
         /// Checker self-test: clients act as if their lease never ended (must fail).
         #[arg(long, hide = true)]
         ignore_lease: bool,
+        /// Checker self-test: half the fair waiters cut in at the head of the line (must fail).
+        #[arg(long, hide = true)]
+        cut_in_line: bool,
         /// Count re-entries into orphaned holds without failing (a known library bug).
         #[arg(long)]
         tolerate_orphaned_reentry: bool,
@@ -120,11 +133,20 @@ enum Cmd {
         #[arg(long)]
         resources: u32,
         #[arg(long)]
+        fair_resources: u32,
+        #[arg(long)]
+        fair_percent: u64,
+        /// Redis itself, not the client's proxy: the client's own look at the fair locks.
+        #[arg(long)]
+        redis_addr: std::net::SocketAddr,
+        #[arg(long)]
         lease_ms: u64,
         #[arg(long)]
         command_timeout_ms: u64,
         #[arg(long)]
         ignore_lease: bool,
+        #[arg(long)]
+        cut_in_line: bool,
     },
 }
 
@@ -157,11 +179,14 @@ fn main() -> ExitCode {
             seed,
             tasks,
             resources,
+            fair_resources,
+            fair_percent,
             lease,
             command_timeout,
             out,
             keep,
             ignore_lease,
+            cut_in_line,
             tolerate_orphaned_reentry,
         } => {
             let config = run::RunConfig {
@@ -170,9 +195,12 @@ fn main() -> ExitCode {
                 seed: seed.unwrap_or_else(|| clock::now_us() as u64),
                 tasks: tasks.max(1),
                 resources: resources.max(1),
+                fair_resources,
+                fair_percent: if fair_resources == 0 { 0 } else { fair_percent },
                 lease,
                 command_timeout,
                 ignore_lease,
+                cut_in_line,
                 tolerate_orphaned_reentry,
             };
             orchestrator::main(config, out, keep)
@@ -190,9 +218,13 @@ fn main() -> ExitCode {
             seed,
             tasks,
             resources,
+            fair_resources,
+            fair_percent,
+            redis_addr,
             lease_ms,
             command_timeout_ms,
             ignore_lease,
+            cut_in_line,
         } => worker::main(worker::WorkerConfig {
             url,
             prefix,
@@ -202,9 +234,13 @@ fn main() -> ExitCode {
             seed,
             tasks,
             resources,
+            fair_resources,
+            fair_percent,
+            redis_addr,
             lease: Duration::from_millis(lease_ms),
             command_timeout: Duration::from_millis(command_timeout_ms),
             ignore_lease,
+            cut_in_line,
         })
         .map(|()| true),
     };

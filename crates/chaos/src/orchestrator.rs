@@ -17,9 +17,9 @@ use crate::checker;
 use crate::clock::now_us;
 use crate::history::{client_log_path, read_client_id, write_faults, Fault, FaultKind};
 use crate::rng::Rng;
-use crate::run::{Cleanup, RunConfig};
+use crate::run::{is_fair, lock_name, Cleanup, RunConfig};
 use crate::store::Store;
-use crate::worker::{resource_name, DRAIN_DEADLINE, MAX_EXPLICIT_LEASE};
+use crate::worker::{DRAIN_DEADLINE, MAX_EXPLICIT_LEASE};
 
 /// Key prefix of a run: every key and channel the clients use starts with `chaos:`.
 pub const PREFIX: &str = "chaos";
@@ -88,6 +88,9 @@ impl Env<'_> {
             .args(["--seed", &c.seed.to_string()])
             .args(["--tasks", &c.tasks.to_string()])
             .args(["--resources", &c.resources.to_string()])
+            .args(["--fair-resources", &c.fair_resources.to_string()])
+            .args(["--fair-percent", &c.fair_percent.to_string()])
+            .args(["--redis-addr", &self.redis.addr().to_string()])
             .args(["--lease-ms", &c.lease.as_millis().to_string()])
             .args([
                 "--command-timeout-ms",
@@ -95,6 +98,9 @@ impl Env<'_> {
             ]);
         if c.ignore_lease {
             cmd.arg("--ignore-lease");
+        }
+        if c.cut_in_line {
+            cmd.arg("--cut-in-line");
         }
         let child = Arc::new(ChildProcess::spawn(cmd)?);
         child
@@ -116,15 +122,18 @@ impl Env<'_> {
 
     /// Clients holding a lock right now, by the owner ids in the lock hashes.
     async fn holders(&self) -> anyhow::Result<Vec<u32>> {
-        self.clients_named(|lock| vec!["HKEYS".into(), lock]).await
+        self.clients_named(|lock, _| vec!["HKEYS".into(), lock])
+            .await
     }
 
-    /// Clients queued for a turn right now, by the client ids in the turn queues.
+    /// Clients queued for a turn right now, by the client ids in the turn queues, or waiting
+    /// in a fair lock's line, by the owner ids in it.
     async fn queued(&self) -> anyhow::Result<Vec<u32>> {
-        self.clients_named(|lock| {
+        self.clients_named(|lock, fair| {
+            let line = if fair { "waiters" } else { "queue" };
             vec![
                 "ZRANGE".into(),
-                format!("{lock}:queue"),
+                format!("{lock}:{line}"),
                 "0".into(),
                 "-1".into(),
             ]
@@ -132,16 +141,20 @@ impl Env<'_> {
         .await
     }
 
-    /// The clients named by the command `command(lock key)` run for every lock: owner ids
-    /// and client ids both start with the client's uuid.
+    /// The clients named by the command `command(lock key, fair)` run for every lock: owner
+    /// ids and client ids both start with the client's uuid.
     async fn clients_named(
         &self,
-        command: impl Fn(String) -> Vec<String>,
+        command: impl Fn(String, bool) -> Vec<String>,
     ) -> anyhow::Result<Vec<u32>> {
         let mut clients = Vec::new();
-        for res in 0..self.config.resources {
+        let plain = self.config.resources;
+        for res in 0..plain + self.config.fair_resources {
             let redis = self.redis.clone();
-            let args = command(format!("{PREFIX}:{{{}}}", resource_name(res)));
+            let args = command(
+                format!("{PREFIX}:{{{}}}", lock_name(res, plain)),
+                is_fair(res, plain),
+            );
             let Ok(names) = blocking(move || strings(redis.command(&args))).await? else {
                 continue; // Redis paused or restarting: no one to pick
             };
@@ -162,16 +175,22 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> {
     println!(
-        "leasehold chaos: {} clients x {} tasks on {} locks for {:?}, seed {} (history in {})",
+        "leasehold chaos: {} clients x {} tasks on {} locks and {} fair locks ({} % of the ops) \
+         for {:?}, seed {} (history in {})",
         config.clients,
         config.tasks,
         config.resources,
+        config.fair_resources,
+        config.fair_percent,
         config.duration,
         config.seed,
         dir.display()
     );
     std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(config)?)?;
-    Store::create(&dir.join("store.db"), config.resources)?;
+    Store::create(
+        &dir.join("store.db"),
+        config.resources + config.fair_resources,
+    )?;
     let redis = Arc::new(blocking(RedisServer::start).await??);
     let mut proxies = Vec::new();
     for _ in 0..config.clients {
@@ -244,7 +263,8 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
     if kind == FaultKind::ClientKill && rng.chance(70) {
         // Mostly kill a client queued for a turn: its id stays in the queue, so a release
         // reserves the lock for a turn nobody takes, and the other waiters must not sleep
-        // through it.
+        // through it. On a fair lock its entry stays in the line until it lapses: the waiters
+        // behind it are held up by one lease at most, and keep their order.
         let queued = env.queued().await?;
         if !queued.is_empty() {
             client = queued[rng.below(queued.len() as u64) as usize];

@@ -13,7 +13,14 @@ pub struct RunConfig {
     pub clients: u32,
     pub seed: u64,
     pub tasks: u32,
+    /// Plain locks (`res-0` ...), shared by all clients.
     pub resources: u32,
+    /// Fair locks (`fair-0` ...), numbered after the plain ones; a name is always one kind.
+    #[serde(default)]
+    pub fair_resources: u32,
+    /// The share of operations (percent) on a fair lock.
+    #[serde(default)]
+    pub fair_percent: u64,
     /// Watchdog lease of the clients' watched holds.
     pub lease: Duration,
     pub command_timeout: Duration,
@@ -21,6 +28,11 @@ pub struct RunConfig {
     /// (a client that ignores lease loss), so the checker must report overlaps.
     #[serde(default)]
     pub ignore_lease: bool,
+    /// Self-test of the checker: half the fair-lock waiters put themselves at the head of the
+    /// line before they acquire (as a lock that let callers jump the line would), so the
+    /// checker must report grants past waiters.
+    #[serde(default)]
+    pub cut_in_line: bool,
     /// Report orphaned re-entries without failing the run (for investigating that class of
     /// bug, see `checker::orphan_check`; no test sets it).
     #[serde(default)]
@@ -45,4 +57,32 @@ pub struct Cleanup {
     pub fence_keys: usize,
     /// How long those keys took to disappear.
     pub expiry_wait_ms: u64,
+}
+
+/// The name of lock `res` when there are `plain` plain locks: `res-<i>` for `0..plain`, then
+/// `fair-<i>` for the fair locks numbered after them.
+pub fn lock_name(res: u32, plain: u32) -> String {
+    if is_fair(res, plain) {
+        format!("fair-{}", res - plain)
+    } else {
+        format!("res-{res}")
+    }
+}
+
+/// Whether lock `res` is a fair lock (numbered after the `plain` plain ones).
+pub fn is_fair(res: u32, plain: u32) -> bool {
+    res >= plain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_names() {
+        assert_eq!(lock_name(0, 3), "res-0");
+        assert_eq!(lock_name(2, 3), "res-2");
+        assert_eq!(lock_name(3, 3), "fair-0");
+        assert!(is_fair(4, 3) && !is_fair(2, 3));
+    }
 }

@@ -5,10 +5,17 @@
 //! operations on one lock at once, as futures joined in one task: one owner, so the second
 //! re-enters the first's grant or, through a non-reentrant handle, waits for it.
 //!
+//! A share of the operations (`--fair-percent`) go to fair locks (`client.fair_lock`, names of
+//! their own: one name is always one kind). Before each of them the client reads, on its own
+//! connection straight to Redis ([`Observer`]), whether the owner already had a place in the
+//! line, a hold or a turn (`Floor`), and while a fair acquire waits it polls the owner's place
+//! in the line (`Queued`): what the checker's fair-order rule needs.
+//!
 //! SIGTERM: finish the current operation and stop (a waiter still waiting after
 //! [`DRAIN_DEADLINE`] is recorded as abandoned), then print `DRAINED`. SIGUSR1: exit.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
-use leasehold::{LockClient, LockError, LockGuard};
+use leasehold::{Lock, LockClient, LockError, LockGuard};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -24,7 +31,9 @@ use tokio::time::{sleep, Instant};
 
 use crate::clock::now_us;
 use crate::history::{client_log_path, Event, EventLog, Kind, ReleaseHow};
+use crate::observer::Observer;
 use crate::rng::Rng;
+use crate::run::lock_name;
 use crate::store::Store;
 
 /// How long a stopping client lets its operations finish before recording them abandoned.
@@ -43,15 +52,18 @@ pub struct WorkerConfig {
     pub seed: u64,
     pub tasks: u32,
     pub resources: u32,
+    pub fair_resources: u32,
+    /// The share of operations on a fair lock (percent).
+    pub fair_percent: u64,
+    /// Redis itself (not the proxy): the [`Observer`]'s connection.
+    pub redis_addr: std::net::SocketAddr,
     /// The watchdog lease of watched holds.
     pub lease: Duration,
     pub command_timeout: Duration,
     /// Record every lease check as held (the checker's self-test; see `RunConfig`).
     pub ignore_lease: bool,
-}
-
-pub fn resource_name(res: u32) -> String {
-    format!("res-{res}")
+    /// Half the fair waiters cut in at the head of the line (the checker's self-test).
+    pub cut_in_line: bool,
 }
 
 /// Runs a client process to completion.
@@ -74,6 +86,8 @@ struct Ctx {
     next_task: AtomicU32,
     /// Hand-off sections still running (finished ones are collected at each new hand-off).
     sections: Mutex<JoinSet<anyhow::Result<()>>>,
+    /// The fair locks' lines, as Redis has them.
+    observer: Observer,
 }
 
 impl Ctx {
@@ -114,7 +128,9 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
         tasks: config.tasks,
         client_id,
     });
+    let observer = Observer::start(config.redis_addr)?;
     let ctx = Arc::new(Ctx {
+        observer,
         store_path: config.dir.join("store.db"),
         next_task: AtomicU32::new(config.tasks),
         config,
@@ -230,7 +246,7 @@ async fn task_loop(
         // next acquire meets the hold it handed away.
         let res = match handed_off {
             Some(res) if rng.chance(50) => res,
-            _ => rng.below(u64::from(ctx.config.resources)) as u32,
+            _ => pick_lock(&ctx.config, &mut rng),
         };
         if rng.chance(JOINED_PERCENT) {
             // Two ops of this task at once on one lock, as futures joined in one task: one
@@ -309,7 +325,14 @@ async fn one_op(
     joined: bool,
 ) -> anyhow::Result<Option<u32>> {
     let kind = Kind::ALL[rng.weighted(&KIND_WEIGHTS)];
-    let lock = ctx.client.lock(&resource_name(res))?;
+    let plain = ctx.config.resources;
+    let fair = crate::run::is_fair(res, plain);
+    let name = lock_name(res, plain);
+    let lock = if fair {
+        ctx.client.fair_lock(&name)?
+    } else {
+        ctx.client.lock(&name)?
+    };
     // Some ops through a non-reentrant handle: their tries use the script's no-re-entry mode.
     // Joined with a sibling op, such an op waits for the sibling's hold instead of
     // re-entering it, and the checker's overlap rules see any second grant.
@@ -321,6 +344,13 @@ async fn one_op(
     let wait = ms(rng.range(50, 1500));
     let lease = ms(rng.range(200, MAX_EXPLICIT_LEASE.as_millis() as u64));
     let explicit = kind.explicit_lease();
+    // The owner's entry, hold and turn just before the call (see `Event::Floor`).
+    let owner = lock.owner();
+    let floor = if fair {
+        ctx.observer.floor(lock.keys(), owner.id()).await
+    } else {
+        None
+    };
     let begin = now_us();
     ctx.record(Event::Begin {
         t: begin,
@@ -330,20 +360,52 @@ async fn one_op(
         res,
         lease_ms: explicit.then_some(lease.as_millis() as u64),
     });
+    if let Some(floor) = floor {
+        ctx.record(Event::Floor {
+            t: floor.sent,
+            op,
+            answered: floor.received,
+            entry: floor.value.entry,
+            held: floor.value.held,
+            turn: floor.value.turn,
+        });
+    }
+    if fair && kind.waits() && ctx.config.cut_in_line && rng.chance(50) {
+        ctx.observer
+            .cut_in_line(lock.keys(), owner.id(), ctx.config.lease)
+            .await;
+    }
     if kind == Kind::RunOnce {
         run_once_op(ctx, op, rng, &lock, begin, lease).await?;
         return Ok(None);
     }
-    let result = match kind {
-        Kind::Lock => lock.lock().await.map(Some),
-        Kind::TryLock => lock.try_lock().await,
-        Kind::TryLockFor => lock.try_lock_for(wait).await,
-        Kind::TryLockWithLease => lock.try_lock_with_lease(lease).await,
-        Kind::TryLockForWithLease => lock.try_lock_for_with_lease(wait, lease).await,
-        Kind::LockWithLease => lock.lock_with_lease(lease).await.map(Some),
-        Kind::RunOnce => unreachable!("handled above"),
+    let call = async {
+        match kind {
+            Kind::Lock => lock.lock().await.map(Some),
+            Kind::TryLock => lock.try_lock().await,
+            Kind::TryLockFor => lock.try_lock_for(wait).await,
+            Kind::TryLockWithLease => lock.try_lock_with_lease(lease).await,
+            Kind::TryLockForWithLease => lock.try_lock_for_with_lease(wait, lease).await,
+            Kind::LockWithLease => lock.lock_with_lease(lease).await.map(Some),
+            Kind::RunOnce => unreachable!("handled above"),
+        }
+    };
+    let mut line = Vec::new();
+    let result = if fair && kind.waits() {
+        watching_the_line(&ctx.observer, &lock, owner.id(), call, &mut line).await
+    } else {
+        call.await
     };
     let t = now_us();
+    for run in line {
+        ctx.record(Event::Queued {
+            t: run.first,
+            op,
+            arrival: run.arrival,
+            last: run.last,
+            polls: run.polls,
+        });
+    }
     match result {
         Ok(Some(guard)) => {
             ctx.record(Event::Granted {
@@ -377,6 +439,72 @@ async fn one_op(
         }
     }
     Ok(None)
+}
+
+/// Plain locks are picked uniformly, and so are fair ones; `fair_percent` of the ops go to
+/// a fair one.
+fn pick_lock(config: &WorkerConfig, rng: &mut Rng) -> u32 {
+    if config.fair_resources > 0 && rng.chance(config.fair_percent) {
+        config.resources + rng.below(u64::from(config.fair_resources)) as u32
+    } else {
+        rng.below(u64::from(config.resources)) as u32
+    }
+}
+
+/// How often a waiting fair acquire's place in line is looked at.
+const LINE_POLL: Duration = Duration::from_millis(2);
+
+/// A run of polls that found the owner's entry with one score.
+struct Run {
+    /// When the first poll of the run was answered.
+    first: i64,
+    arrival: i64,
+    /// When the last poll of the run was sent.
+    last: i64,
+    polls: u32,
+    /// Whether the next poll that finds this score extends the run (no poll found the entry
+    /// missing since).
+    open: bool,
+}
+
+/// Runs the fair acquire `call`, polling `owner`'s place in the line of `lock` alongside
+/// until it returns; the runs of polls that found the same arrival go to `line`. A poll that
+/// found no entry ends a run; one that failed (Redis paused or restarting) does not: an entry
+/// that went and came back has a new arrival.
+async fn watching_the_line<T>(
+    observer: &Observer,
+    lock: &Lock,
+    owner: &str,
+    call: impl Future<Output = T>,
+    line: &mut Vec<Run>,
+) -> T {
+    let poll = async {
+        loop {
+            if let Some(answer) = observer.arrival(lock.keys(), owner).await {
+                match (answer.value, line.last_mut()) {
+                    (Some(arrival), Some(run)) if run.open && run.arrival == arrival => {
+                        run.last = answer.sent;
+                        run.polls += 1;
+                    }
+                    (Some(arrival), _) => line.push(Run {
+                        first: answer.received,
+                        arrival,
+                        last: answer.sent,
+                        polls: 1,
+                        open: true,
+                    }),
+                    (None, Some(run)) => run.open = false,
+                    (None, None) => {}
+                }
+            }
+            sleep(LINE_POLL).await;
+        }
+    };
+    tokio::select! {
+        biased;
+        out = call => out,
+        () = poll => unreachable!("the poll loop never ends"),
+    }
 }
 
 /// `let g = lock.lock().await?; tokio::spawn(work(g));`: the hold (checks, fenced write,

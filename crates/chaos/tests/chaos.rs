@@ -43,6 +43,8 @@ fn twenty_seconds_of_faults_without_a_violation() {
     assert!(stdout.contains("result: PASS"), "{stdout}");
     // It did something: faults went in, locks were taken, the store took writes.
     assert!(row(&stdout, "total ") > 50, "calls");
+    // A quarter of the ops on the fair lock, whose line the order rule judged.
+    assert!(row(&stdout, "fair-lock ops:") > 10, "fair calls");
     let faults = stdout
         .split("faults injected")
         .nth(1)
@@ -57,9 +59,12 @@ fn twenty_seconds_of_faults_without_a_violation() {
 }
 
 /// The checker is not blind: clients that keep writing after their lease ended (they ignore
-/// `is_held()`) are caught as overlapping holds.
+/// `is_held()`) are caught as overlapping holds; fair-lock waiters that cut in at the head of
+/// the line (as if the lock let them) as grants past the waiters they jumped. Two short runs,
+/// one after the other (together still shorter than the twenty seconds above, which they run
+/// beside).
 #[test]
-fn the_checker_catches_clients_that_ignore_their_lease() {
+fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
     let (output, stdout) = chaos(&[
         "--duration",
         "8s",
@@ -75,6 +80,27 @@ fn the_checker_catches_clients_that_ignore_their_lease() {
         row(
             &stdout,
             "exclusion: overlapping holds, both holders believed valid"
+        ) > 0,
+        "{stdout}"
+    );
+
+    // Every op on the fair lock, half the waiters cutting in whenever someone waits.
+    let (output, stdout) = chaos(&[
+        "--duration",
+        "6s",
+        "--clients",
+        "3",
+        "--seed",
+        "5",
+        "--fair-percent",
+        "100",
+        "--cut-in-line",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        row(
+            &stdout,
+            "fair: acquires granted past a waiter that was in line ahead of them all along"
         ) > 0,
         "{stdout}"
     );

@@ -1,0 +1,226 @@
+//! A client's own look at a fair lock's line: one plain connection straight to Redis, beside
+//! the library's (which go through the client's fault proxy, so the faults on the client leave
+//! this one alone), served by a thread of its own, one command at a time. Every answer says
+//! when its command was sent and when the reply came back (the run's clock): the command ran
+//! in Redis at some instant in between.
+//!
+//! What it reads (see `checker::fair_order_check` for how it is used):
+//! - [`Observer::floor`], just before a fair acquire: whether the owner already had a place in
+//!   the line, held the lock, or had a turn reserved;
+//! - [`Observer::arrival`], polled while a fair acquire waits: the owner's entry's score (its
+//!   arrival, server microseconds) or nothing.
+
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use leasehold_core::LockKeys;
+use leasehold_testkit::resp::{encode_command, read_value};
+use leasehold_testkit::RespValue;
+use tokio::sync::oneshot;
+
+use crate::clock::now_us;
+
+/// Connect, write and read timeout: an observation that cannot be made quickly (Redis paused
+/// or restarting) is simply not made.
+const TIMEOUT: Duration = Duration::from_millis(250);
+/// How long an acquire waits for its floor at most (the thread may be busy with other
+/// commands timing out).
+const FLOOR_WAIT: Duration = Duration::from_millis(300);
+
+/// The owner's state at a fair lock, read atomically (one script). The turn field is the fair
+/// scripts' `@TURN@<owner>` (`scripts/fair/hand_on.lua`).
+const FLOOR_SCRIPT: &str = "\
+local entry = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
+local held = redis.call('HEXISTS', KEYS[2], ARGV[1])
+local turn = redis.call('HEXISTS', KEYS[2], '@TURN@' .. ARGV[1])
+return {entry, held, turn}";
+
+/// The checker's self-test (`--cut-in-line`): puts the owner at the head of a non-empty line,
+/// with an entry as a waiter's try makes it (arrival, deadline a lease away).
+const CUT_IN_LINE_SCRIPT: &str = "\
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+if not first then
+  return 0
+end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local life = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], tonumber(first) - 1, ARGV[1])
+redis.call('ZADD', KEYS[2], now_ms + life, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], life + 1000)
+redis.call('PEXPIRE', KEYS[2], life + 1000)
+return 1";
+
+/// One command's answer.
+#[derive(Debug)]
+pub struct Answer<T> {
+    /// Taken before the command was written.
+    pub sent: i64,
+    pub value: T,
+    /// Taken after the reply was read.
+    pub received: i64,
+}
+
+/// What [`Observer::floor`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Floor {
+    pub entry: bool,
+    pub held: bool,
+    pub turn: bool,
+}
+
+struct Ask {
+    args: Vec<String>,
+    answer: oneshot::Sender<Answer<RespValue>>,
+}
+
+/// The handle on the observing thread (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct Observer {
+    asks: mpsc::Sender<Ask>,
+}
+
+impl std::fmt::Debug for Ask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ask").field("args", &self.args).finish()
+    }
+}
+
+impl Observer {
+    /// Starts the thread; it connects to `addr` at its first command (and again after any
+    /// failure).
+    pub fn start(addr: SocketAddr) -> anyhow::Result<Observer> {
+        let (asks, requests) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("observer".into())
+            .spawn(move || serve(addr, requests))?;
+        Ok(Observer { asks })
+    }
+
+    /// Runs `args`; `None` when it failed (no connection, a timeout, an error reply).
+    async fn ask(&self, args: Vec<String>) -> Option<Answer<RespValue>> {
+        let (answer, reply) = oneshot::channel();
+        self.asks.send(Ask { args, answer }).ok()?;
+        reply.await.ok()
+    }
+
+    /// `owner`'s entry, hold and turn at the fair lock `keys`, read in one script; `None` also
+    /// when no answer came within [`FLOOR_WAIT`] (the acquire then goes on without).
+    pub async fn floor(&self, keys: &LockKeys, owner: &str) -> Option<Answer<Floor>> {
+        let args = [
+            "EVAL",
+            FLOOR_SCRIPT,
+            "2",
+            &keys.waiters(),
+            keys.hash(),
+            owner,
+        ];
+        let ask = self.ask(args.map(str::to_string).to_vec());
+        let answer = tokio::time::timeout(FLOOR_WAIT, ask).await.ok()??;
+        let flags: Vec<bool> = answer
+            .value
+            .as_array()?
+            .iter()
+            .map(|v| v.as_int().map(|n| n == 1))
+            .collect::<Option<_>>()?;
+        let [entry, held, turn] = flags[..] else {
+            return None;
+        };
+        Some(Answer {
+            sent: answer.sent,
+            value: Floor { entry, held, turn },
+            received: answer.received,
+        })
+    }
+
+    /// Puts `owner` at the head of the fair lock's line if anyone waits (the checker's
+    /// self-test: a lock that lets callers jump the line).
+    pub async fn cut_in_line(&self, keys: &LockKeys, owner: &str, life: Duration) {
+        let life = life.as_millis().to_string();
+        let args = [
+            "EVAL",
+            CUT_IN_LINE_SCRIPT,
+            "2",
+            &keys.waiters(),
+            &keys.waiters_until(),
+            owner,
+            &life,
+        ];
+        let _ = self.ask(args.map(str::to_string).to_vec()).await;
+    }
+
+    /// `owner`'s arrival in the line of the fair lock `keys` (`ZSCORE`): `Some(None)` when it
+    /// has no entry.
+    pub async fn arrival(&self, keys: &LockKeys, owner: &str) -> Option<Answer<Option<i64>>> {
+        let args = vec!["ZSCORE".to_string(), keys.waiters(), owner.to_string()];
+        let answer = self.ask(args).await?;
+        let value = match &answer.value {
+            RespValue::Nil => None,
+            // Scores are whole microseconds, below 2^53: exact as a double.
+            value => Some(value.as_str()?.parse::<f64>().ok()? as i64),
+        };
+        Some(Answer {
+            sent: answer.sent,
+            value,
+            received: answer.received,
+        })
+    }
+}
+
+type Connection = (TcpStream, BufReader<TcpStream>);
+
+fn serve(addr: SocketAddr, requests: mpsc::Receiver<Ask>) {
+    let mut conn: Option<Connection> = None;
+    for ask in requests {
+        if ask.answer.is_closed() {
+            continue; // its caller is gone (the acquire it watched ended)
+        }
+        // A connection kept from an earlier command may have been cut since (CLIENT KILL, a
+        // Redis restart): then once more on a new one (the commands only read, but for the
+        // self-test's, which may then run twice).
+        let reused = conn.is_some();
+        let mut answer = run(addr, &mut conn, &ask.args);
+        if answer.is_err() && reused {
+            conn = None;
+            answer = run(addr, &mut conn, &ask.args);
+        }
+        match answer {
+            Ok(answer) if !matches!(answer.value, RespValue::Error(_)) => {
+                let _ = ask.answer.send(answer);
+            }
+            // An error reply: the connection is still in step.
+            Ok(_) => {}
+            // Anything else may leave a reply unread: start over on a new connection.
+            Err(_) => conn = None,
+        }
+    }
+}
+
+fn run(
+    addr: SocketAddr,
+    conn: &mut Option<Connection>,
+    args: &[String],
+) -> anyhow::Result<Answer<RespValue>> {
+    let (stream, reader) = match conn {
+        Some(conn) => conn,
+        None => {
+            let stream = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+            stream.set_read_timeout(Some(TIMEOUT))?;
+            stream.set_write_timeout(Some(TIMEOUT))?;
+            let _ = stream.set_nodelay(true);
+            let reader = BufReader::new(stream.try_clone()?);
+            conn.insert((stream, reader))
+        }
+    };
+    let sent = now_us();
+    stream.write_all(&encode_command(args))?;
+    let value = read_value(reader)?;
+    let received = now_us();
+    Ok(Answer {
+        sent,
+        value,
+        received,
+    })
+}
