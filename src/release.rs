@@ -92,6 +92,7 @@ impl Release {
         match reply {
             Ok(commands::Release::Released) => {
                 pending.disarm();
+                self.wake_own_line();
                 Ok(())
             }
             Ok(commands::Release::NotHeld | commands::Release::Unchanged) => {
@@ -104,6 +105,18 @@ impl Release {
                 pending.disarm();
                 Err(error)
             }
+        }
+    }
+
+    /// A kind whose waiters each have a line of their own (fair, read/write, semaphore) tells
+    /// only the first waiter in Redis's line: the releasing owner's own waiting futures (joined
+    /// in its task) are woken here, in the client.
+    fn wake_own_line(&self) {
+        let keys = &self.hold.keys;
+        if keys.has_own_lines() {
+            let mut channel = keys.waiter_channel_prefix();
+            channel.push_str(self.hold.owner.id());
+            self.client.notifier.wake(&channel);
         }
     }
 

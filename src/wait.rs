@@ -138,8 +138,15 @@ impl Drop for Wait<'_> {
             return;
         };
         let subscribed = place.is_subscribed();
-        // (A grant that excludes nobody, zero, gives the next waiter no busy hint.)
-        let last = place.leave(self.granted.filter(|lease| !lease.is_zero()));
+        // The next waiter of this line gets a busy hint (sleep until a release message) only
+        // where a release message will come: on the shared channel. A line of one owner's own
+        // (a fair lock's) hears no message when that owner releases, and its next waiter is the
+        // same owner: it tries at once (it re-enters, or waits for the hold locally). A grant
+        // that excludes nobody (zero) gives no hint either.
+        let hint = self
+            .granted
+            .filter(|lease| !lease.is_zero() && self.own_entry.is_none());
+        let last = place.leave(hint);
         match self.own_entry.take() {
             // The owner's entry is shared by its waiters (joined futures of one task): the last
             // one to give up takes it out.

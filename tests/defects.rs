@@ -1527,3 +1527,55 @@ async fn defect20_a_semaphore_waiters_wants_live_as_long_as_its_entry() {
         );
     }
 }
+
+/// Two acquires of one owner joined in one task on a fair lock: the first takes the lock,
+/// holds it briefly and releases; the second must not sleep on the first's lease.
+///
+/// Failed before the fix: the second was granted when the first's lease would have ended (30 s
+/// with the default lease; `try_lock_for(10 s)` got it only at its own deadline): it slept on
+/// the busy hint its sibling's grant left, on the owner's own channel, which a fair release
+/// never messages. Found by the chaos checker's fair-lock mode (a free `fair-0` with nobody in
+/// line while two joined waiters slept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect21_joined_acquires_of_one_owner_on_a_fair_lock_do_not_sleep_on_each_other() {
+    let redis = server();
+    let a = client(&redis.url()).await;
+    for lock in [
+        a.fair_lock("joined").unwrap(),
+        a.fair_lock("joined-nr").unwrap().non_reentrant(),
+    ] {
+        // Another task holds the lock first, so both joined acquires wait in the engine.
+        let held = {
+            let lock = lock.clone();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                let guard = lock.lock().await.unwrap();
+                tx.send(()).unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                guard.unlock().await.unwrap();
+            });
+            rx
+        };
+        held.await.unwrap();
+        let first = async {
+            let guard = lock.lock().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.unlock().await.unwrap();
+            Instant::now()
+        };
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let guard = lock.try_lock_for(Duration::from_secs(10)).await.unwrap();
+            let at = Instant::now();
+            drop(guard.expect("the second acquire gets the lock"));
+            at
+        };
+        let (released, granted) = tokio::join!(first, second);
+        let late = granted.saturating_duration_since(released);
+        assert!(
+            late < Duration::from_secs(3),
+            "{}: the second acquire got the lock {late:?} after the first released",
+            lock.name()
+        );
+    }
+}

@@ -167,6 +167,17 @@ impl ReleaseNotifier {
         Place::new(self.inner.clone(), channel)
     }
 
+    /// Wakes the head of `channel`'s local line, if anyone waits there: a release this client
+    /// made that its own waiters of that channel must hear, without a message (a fair lock's
+    /// release tells only the first waiter in Redis's line; the releasing owner's other
+    /// futures wait on the owner's own channel). No I/O.
+    pub fn wake(&self, channel: &str) {
+        let channel = self.inner.channels.lock().get(channel).cloned();
+        if let Some(channel) = channel {
+            channel.queue.lock().wake_head();
+        }
+    }
+
     /// Waiters currently holding a [`Place`].
     pub fn waiters(&self) -> usize {
         self.inner.waiters.load(Ordering::SeqCst)
