@@ -397,3 +397,33 @@ async fn a_release_hands_the_turn_to_the_queued_client_not_the_releaser() {
         .await
         .unwrap();
 }
+
+/// Waiting works over RESP3 too (the subscriber confirms its subscriptions by the PING reply's
+/// shape only over RESP2, where a subscribed connection answers differently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_works_over_resp3() {
+    let redis = server();
+    let mut config = fred::types::config::Config::from_url(&redis.url()).unwrap();
+    config.version = fred::types::RespVersion::RESP3;
+    let a = leasehold::LockClient::builder_from_config(config.clone())
+        .build()
+        .await
+        .unwrap();
+    let b = leasehold::LockClient::builder_from_config(config)
+        .build()
+        .await
+        .unwrap();
+    let held = a.lock("resp3").unwrap();
+    let guard = held.lock().await.unwrap();
+    let waiter = {
+        let lock = b.lock("resp3").unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(10))
+                .await
+                .map(|g| g.is_some())
+        })
+    };
+    assert!(common::eventually(Duration::from_secs(10), || b.waiters() == 1).await);
+    guard.unlock().await.unwrap();
+    assert!(waiter.await.unwrap().unwrap());
+}

@@ -278,14 +278,41 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
         *in_redis = true;
         // fred answers SUBSCRIBE as soon as it is written, before Redis ran it. A PING on the
         // same connection is answered only after it: from then on a release reaches us, which
-        // is what the waiter's next try counts on. A refused SUBSCRIBE (ACL) fails here too.
-        if let Err(error) = inner.subscriber.ping::<fred::types::Value>(None).await {
+        // is what the waiter's next try counts on. A refused SUBSCRIBE (ACL) must fail here.
+        if let Err(error) = confirm_subscribed(&inner.subscriber).await {
             *in_redis = false;
-            return Err(LockError::from_redis(error));
+            return Err(error);
         }
     }
     channel.subscribed.store(true, Ordering::SeqCst);
     Ok(())
+}
+
+/// Confirms with a PING that the SUBSCRIBE just written took effect.
+///
+/// Redis refuses a SUBSCRIBE the ACL forbids with an error reply, which fred, having answered
+/// the SUBSCRIBE when it was written, hands to the next command waiting for a reply (this PING)
+/// only when it arrives after the PING was queued; when it arrives before, fred drops it and the
+/// PING succeeds. The reply's shape tells anyway: a connection with a subscription answers
+/// PING with `["pong", message]`; one without (the refused SUBSCRIBE was its first) answers
+/// the bare message. (A connection subscribed already answers with the array either way: a
+/// refusal of one channel among others of the same prefix would go unnoticed, but an ACL
+/// rule grants a prefix's channels together. Over RESP3 the shapes are the same, so only a
+/// refusal fred passes on is seen.)
+async fn confirm_subscribed(subscriber: &SubscriberClient) -> Result<(), LockError> {
+    match subscriber
+        .ping::<fred::types::Value>(Some("leasehold".into()))
+        .await
+    {
+        Ok(fred::types::Value::Array(_)) => Ok(()),
+        // (RESP3 answers PING alike with or without a subscription: nothing to tell there.)
+        Ok(_) if subscriber.protocol_version() == fred::types::RespVersion::RESP3 => Ok(()),
+        Ok(_) => Err(LockError::PermissionDenied(RedisError::connection(
+            "NOPERM SUBSCRIBE was refused (the connection is not subscribed to the channel): \
+             check the user's channel rule (&prefix:*)",
+        ))),
+        Err(error) => Err(LockError::from_redis(error)),
+    }
 }
 
 /// The last local waiter of `channel` left: unsubscribe after the linger period unless a
