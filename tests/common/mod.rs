@@ -137,9 +137,16 @@ pub fn run_child_holder_if_asked() {
     });
 }
 
-/// Runs this test binary's `child_holder_entry_point` as a separate process that holds `name`
-/// with a watched `lease`, and returns once it holds the lock.
-pub fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
+/// Runs this test binary's `child_holder_entry_point` as a separate process against `redis`,
+/// on `name` with a watched `lease`, in the `role` its environment variable names (none: hold
+/// the plain lock), and returns once it printed `ready`.
+fn spawn_child(
+    redis: &RedisServer,
+    name: &str,
+    lease: Duration,
+    role: Option<&str>,
+    ready: &str,
+) -> ChildProcess {
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     command
         .args([
@@ -151,78 +158,53 @@ pub fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildPr
         .env("LEASEHOLD_CHILD_URL", redis.url())
         .env("LEASEHOLD_CHILD_LOCK", name)
         .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string());
+    if let Some(role) = role {
+        command.env(role, "1");
+    }
     let child = ChildProcess::spawn(command).unwrap();
     child
-        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
+        .wait_for_line(|l| l.contains(ready), Duration::from_secs(30))
         .unwrap();
     child
 }
 
-/// Runs this test binary's `child_holder_entry_point` as a separate process that waits for
-/// the fair lock `name` (held by the caller) with a watched `lease`; returns once it started.
-/// The caller sees its queue entry appear.
+/// A separate process that holds the plain lock `name`; returns once it holds it.
+pub fn spawn_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
+    spawn_child(redis, name, lease, None, "LOCKED token=")
+}
+
+/// A separate process that waits for the fair lock `name` (held by the caller); returns once
+/// it started. The caller sees its queue entry appear.
 pub fn spawn_fair_waiter(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            "child_holder_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LEASEHOLD_CHILD_URL", redis.url())
-        .env("LEASEHOLD_CHILD_LOCK", name)
-        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string())
-        .env("LEASEHOLD_CHILD_FAIR_WAITER", "1");
-    let child = ChildProcess::spawn(command).unwrap();
-    child
-        .wait_for_line(|l| l.contains("WAITING"), Duration::from_secs(30))
-        .unwrap();
-    child
+    spawn_child(
+        redis,
+        name,
+        lease,
+        Some("LEASEHOLD_CHILD_FAIR_WAITER"),
+        "WAITING",
+    )
 }
 
-/// Runs this test binary's `child_holder_entry_point` as a separate process that holds the
-/// read side of the read/write lock `name` with a watched `lease`; returns once it holds it.
+/// A separate process that holds the read side of the read/write lock `name`.
 pub fn spawn_reader(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            "child_holder_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LEASEHOLD_CHILD_URL", redis.url())
-        .env("LEASEHOLD_CHILD_LOCK", name)
-        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string())
-        .env("LEASEHOLD_CHILD_READER", "1");
-    let child = ChildProcess::spawn(command).unwrap();
-    child
-        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
-        .unwrap();
-    child
+    spawn_child(
+        redis,
+        name,
+        lease,
+        Some("LEASEHOLD_CHILD_READER"),
+        "LOCKED token=",
+    )
 }
 
-/// Runs this test binary's `child_holder_entry_point` as a separate process that holds one
-/// permit of the semaphore `name` with a watched `lease`; returns once it holds it.
+/// A separate process that holds one permit of the semaphore `name`.
 pub fn spawn_permit_holder(redis: &RedisServer, name: &str, lease: Duration) -> ChildProcess {
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            "child_holder_entry_point",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LEASEHOLD_CHILD_URL", redis.url())
-        .env("LEASEHOLD_CHILD_LOCK", name)
-        .env("LEASEHOLD_CHILD_LEASE_MS", lease.as_millis().to_string())
-        .env("LEASEHOLD_CHILD_PERMIT", "1");
-    let child = ChildProcess::spawn(command).unwrap();
-    child
-        .wait_for_line(|l| l.contains("LOCKED token="), Duration::from_secs(30))
-        .unwrap();
-    child
+    spawn_child(
+        redis,
+        name,
+        lease,
+        Some("LEASEHOLD_CHILD_PERMIT"),
+        "LOCKED token=",
+    )
 }
 
 /// ZCARD of `key` (0 when absent).
