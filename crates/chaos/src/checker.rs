@@ -92,6 +92,39 @@
 //! along ([`FAIR_ORDER`]; [`fair_order_check`] says why no fault excuses it). Order is only
 //! judged from what the line showed, never from when calls began or returned: a waiter whose
 //! entry lapsed under a fault may be passed, and shows a new arrival.
+//!
+//! # Read/write locks
+//!
+//! The overlap rule above, with readers allowed to share: two beliefs on one read/write lock
+//! that overlap are a violation when at least one is a write and their owners differ
+//! ([`RW_EXCLUSION`]), or, under one owner id, when two tasks ran them
+//! ([`OVERLAP_TWO_TASKS`]) or two write grants replaced each other in one task
+//! ([`OVERLAP_REPLACED`]); the data-loss allowance applies as to every overlap. A read and a
+//! write of one owner in one task may overlap: that is a downgrade (the read asked for under
+//! the write), unless the write is a new grant asked for after the read was granted and while
+//! it was believed throughout, i.e. an upgrade ([`RW_UPGRADE`], [`exclusion_checks`] says why
+//! that proves one). The workload also asks for upgrades on purpose: a write asked for under
+//! a read hold must come back as `UpgradeRefused` whenever the read hold was still certainly
+//! held when the call returned (the client refuses from its own table, without a round trip);
+//! and a read asked for under a write hold (a downgrade) must not come back empty while the
+//! write hold was certainly held ([`RW_DOWNGRADE`]; [`rw_checks`]). Fencing needs nothing
+//! new: the tokens of one name rise over all its grants, read and write, so the fence rules
+//! above judge them all, and only writers write to the store. The free-lock rule proves a
+//! read/write lock free only by a write hold's end (a read's proves nothing: other readers may
+//! hold), and a waiter in its line may hold the others up as on a fair lock.
+//!
+//! # Semaphores
+//!
+//! A permit's belief is judged as a hold's: from its grant to its last true `is_held()`. At
+//! every instant, the permits of the beliefs that cover it must not exceed the semaphore's
+//! number ([`SEMAPHORE_LIMIT`]): each of those acquisitions was granted by a script that kept
+//! the permits taken within the number, and each was still leased in Redis then. Redis losing
+//! its data loses the permits taken (and the number, which the clients set again): a belief
+//! from an acquisition that began before such a loss is left out for up to its lease after
+//! it, and an instant over the number only with them is counted apart
+//! ([`SEMAPHORE_DATA_LOSS`]), as the overlaps after a loss are. Semaphores have no free-lock
+//! rule (a waiter's permits being there is not provable from the history); the stall rule
+//! covers their waiters.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -101,8 +134,9 @@ use anyhow::Context;
 
 use crate::history::{
     read_client_histories, read_faults, ClientHistory, Event, Fault, FaultKind, Kind, ReleaseHow,
+    Side,
 };
-use crate::run::{is_fair, lock_name, Cleanup, RunConfig};
+use crate::run::{Cleanup, Layout, LockType, RunConfig};
 use crate::store::{Accepted, Refused, Store};
 use crate::worker::MAX_EXPLICIT_LEASE;
 use leasehold_core::protocol::DEFAULT_TURN_GRACE as TURN_GRACE;
@@ -221,9 +255,18 @@ struct Op {
     abandoned: Option<i64>,
     /// When the guard was handed to another task, and that task's number.
     handoff: Option<(i64, u32)>,
-    /// The lock's name (`res-<i>`, or `fair-<i>` for a fair lock).
+    /// The lock's name (`res-<i>`, `fair-<i>`, `rw-<i>` or `sem-<i>`).
     lock: String,
+    ty: LockType,
     fair: bool,
+    /// On a read/write lock, the side asked for.
+    side: Option<Side>,
+    /// On a semaphore, the permits asked for.
+    permits: u32,
+    /// The op of the same task whose hold this one was asked under (a downgrade or an upgrade
+    /// attempt), and whether that hold was certainly held when the call returned.
+    under: Option<u64>,
+    under_held: Option<bool>,
     /// A fair op's owner just before the call ([`Event::Floor`]).
     floor: Option<FloorSeen>,
     /// A fair waiter's place in line, run by run ([`Event::Queued`]).
@@ -311,6 +354,22 @@ impl Op {
         }
     }
 
+    /// Whether its holder writes to the store: holders of locks, and writers of read/write locks
+    /// (not those asked for under a read); not readers, permit holders, nor `run_once`.
+    fn writes(&self) -> bool {
+        let writer = match self.ty {
+            LockType::Plain | LockType::Fair => true,
+            LockType::ReadWrite => self.side == Some(Side::Write) && self.under.is_none(),
+            LockType::Semaphore => false,
+        };
+        writer && self.kind != Kind::RunOnce
+    }
+
+    /// A write of a read/write lock.
+    fn is_write(&self) -> bool {
+        self.side == Some(Side::Write)
+    }
+
     /// The owner: a task's ops all run under the task's own owner id.
     fn owner_key(&self) -> (u32, u32, u32) {
         let (client, gen, _) = self.key;
@@ -320,8 +379,16 @@ impl Op {
     fn describe(&self) -> String {
         let (client, gen, op) = self.key;
         let grant = self.granted.as_ref();
+        let what = match (self.side, self.under) {
+            (Some(Side::Read), None) => " read".to_string(),
+            (Some(Side::Write), None) => " write".to_string(),
+            (Some(Side::Read), Some(under)) => format!(" read under op {under}'s write"),
+            (Some(Side::Write), Some(under)) => format!(" write under op {under}'s read"),
+            (None, _) if self.ty == LockType::Semaphore => format!(" x{}", self.permits),
+            (None, _) => String::new(),
+        };
         format!(
-            "client {client} gen {gen} op {op} ({}, {}, owner {}, token {:?})",
+            "client {client} gen {gen} op {op} ({}, {}{what}, owner {}, token {:?})",
             self.kind.name(),
             self.lock,
             grant.map_or("-", |g| g.owner.as_str()),
@@ -399,6 +466,15 @@ pub const OVERLAP_DATA_LOSS: &str = "exclusion: overlaps after Redis lost its da
 pub const LATE_WRITES: &str = "exclusion: writes landing after the writer's lease, in another hold";
 pub const ORPHANED: &str =
     "release: acquires that re-entered a hold their owner had let go of (unlock left it held)";
+pub const RW_EXCLUSION: &str =
+    "exclusion: write holds overlapping another owner's hold, both believed";
+pub const RW_UPGRADE: &str = "rw: upgrades not refused (a write granted over a read of its owner)";
+pub const RW_DOWNGRADE: &str =
+    "rw: downgrades not granted while the owner certainly held the write side";
+pub const SEMAPHORE_LIMIT: &str =
+    "semaphore: more permits believed held at once than the semaphore has";
+pub const SEMAPHORE_DATA_LOSS: &str = "semaphore: over the number only after Redis lost its data";
+pub const SEMAPHORE_LEFT: &str = "cleanup: semaphore permits still leased, or counts not adding up";
 pub const FAIR_ORDER: &str =
     "fair: acquires granted past a waiter that was in line ahead of them all along";
 pub const STUCK: &str = "liveness: waiters that never progressed after faults healed";
@@ -421,7 +497,11 @@ pub fn analyze(
     refused: &[Refused],
 ) -> Report {
     let mut report = Report::default();
+    let layout = Layout::of(config);
     let mut ops: BTreeMap<OpKey, Op> = BTreeMap::new();
+    // When `try_set_permits` found a semaphore without its number: whether an op's own call
+    // set it (else the ticker's).
+    let mut permits_set: Vec<bool> = Vec::new();
     let mut drained = HashSet::new();
     let mut local_left = 0;
     let mut torn = 0;
@@ -444,6 +524,9 @@ pub fn analyze(
                     ));
                 }
             }
+            if let Event::PermitsSet { op, .. } = event {
+                permits_set.push(op.is_some());
+            }
             let Some(op) = event.op() else { continue };
             let key = (history.client, history.gen, op);
             if let Event::Begin {
@@ -452,6 +535,9 @@ pub fn analyze(
                 kind,
                 res,
                 lease_ms,
+                side,
+                permits,
+                under,
                 ..
             } = event
             {
@@ -473,8 +559,13 @@ pub fn analyze(
                         released: None,
                         abandoned: None,
                         handoff: None,
-                        lock: lock_name(*res, config.resources),
-                        fair: is_fair(*res, config.resources),
+                        lock: layout.name(*res),
+                        ty: layout.lock_type(*res),
+                        fair: layout.lock_type(*res) == LockType::Fair,
+                        side: *side,
+                        permits: permits.unwrap_or(0),
+                        under: *under,
+                        under_held: None,
                         floor: None,
                         queued: Vec::new(),
                     },
@@ -535,7 +626,11 @@ pub fn analyze(
                     arrival: *arrival,
                     last: *last,
                 }),
-                Event::Begin { .. } | Event::Start { .. } | Event::Drained { .. } => {}
+                Event::UnderHeld { held, .. } => entry.under_held = Some(*held),
+                Event::Begin { .. }
+                | Event::Start { .. }
+                | Event::Drained { .. }
+                | Event::PermitsSet { .. } => {}
             }
         }
     }
@@ -562,14 +657,17 @@ pub fn analyze(
             .map(|(_, e)| *e)
             .max()
     };
-    fence_checks(
+    fence_checks(&mut report, &ops, accepted, &restart_within, &layout);
+    let upgraded = exclusion_checks(&mut report, &ops, faults, &last_restart_within);
+    rw_checks(&mut report, &ops, upgraded, &last_restart_within);
+    semaphore_check(
         &mut report,
+        config,
         &ops,
-        accepted,
-        &restart_within,
-        config.resources,
+        &last_restart_within,
+        &permits_set,
+        &restarts,
     );
-    exclusion_checks(&mut report, &ops, faults, &last_restart_within);
     liveness_check(&mut report, config, &ops, faults, &drained);
     free_lock_check(&mut report, config, &ops, faults);
     orphan_check(&mut report, config, &ops);
@@ -597,6 +695,27 @@ pub fn analyze(
     report
         .checks
         .push(CheckLine::must_be_zero(LOCAL_LEFT, local_left));
+    let semaphore_problems: Vec<String> = cleanup
+        .semaphores
+        .iter()
+        .flat_map(|s| s.problems())
+        .collect();
+    report.checks.push(CheckLine {
+        name: SEMAPHORE_LEFT,
+        count: semaphore_problems.len(),
+        must_be_zero: true,
+        note: format!(
+            "kept by design: {} semaphore keys (the number of permits), with {} expired permits \
+             still listed (the next call on the semaphore gives them back)",
+            cleanup.semaphore_keys.len(),
+            cleanup
+                .semaphores
+                .iter()
+                .map(|s| s.expired())
+                .sum::<usize>()
+        ),
+    });
+    report.samples.extend(semaphore_problems);
     report
         .checks
         .push(CheckLine::must_be_zero(CRASHED, cleanup.crashed.len()));
@@ -688,7 +807,7 @@ fn operations(
     ));
     let lost_before_write = ops
         .values()
-        .filter(|o| o.granted.is_some() && o.kind != Kind::RunOnce && o.writes.is_empty())
+        .filter(|o| o.granted.is_some() && o.writes() && o.writes.is_empty())
         .filter(|o| o.checks.iter().any(|(_, held)| !held))
         .count();
     report.other_stats.push((
@@ -712,7 +831,7 @@ fn fence_checks(
     ops: &BTreeMap<OpKey, Op>,
     accepted: &[Accepted],
     restart_within: &dyn Fn(i64, i64) -> bool,
-    plain: u32,
+    layout: &Layout,
 ) {
     // The store's own invariant, from its log.
     let mut last: HashMap<u32, u64> = HashMap::new();
@@ -725,7 +844,7 @@ fn fence_checks(
                 report.samples.push(format!(
                     "store accepted token {} on {} after {prev}",
                     write.token,
-                    lock_name(write.resource, plain)
+                    layout.name(write.resource)
                 ));
             }
         }
@@ -832,14 +951,26 @@ struct Belief<'a> {
     to: i64,
 }
 
+/// The overlap rules (see the module's docs), on every kind but semaphores. Returns the
+/// writes granted over their owner's read (upgrades), with a finding each.
+///
+/// Why a read `r` and a write `w` of one owner in one task prove an upgrade when `w` is a new
+/// grant (hold count 1), `r`'s grant was recorded before `w`'s call began, and `r` was believed
+/// at some instant at or after `w`'s grant was recorded: `r`'s hold was in Redis from its
+/// script to its last true `is_held()`, so all through `w`'s call; and since `is_held()` was
+/// still true after `w`'s call, the client never marked that read grant lost meanwhile, so the
+/// client's table had it when `w`'s call looked (before any round trip) and had to refuse,
+/// unless the owner held the write side too (then `w` is a re-entry, hold count above 1). A
+/// downgrade is the other order (the read asked for under the write); ops whose calls ran at
+/// once (joined futures) and `run_once` reads (whose belief is derived) are not judged.
 fn exclusion_checks(
     report: &mut Report,
     ops: &BTreeMap<OpKey, Op>,
     faults: &[Fault],
     last_restart_within: &dyn Fn(i64, i64) -> Option<i64>,
-) {
+) -> BTreeMap<OpKey, String> {
     let mut by_res: BTreeMap<u32, Vec<Belief<'_>>> = BTreeMap::new();
-    for op in ops.values() {
+    for op in ops.values().filter(|o| o.ty != LockType::Semaphore) {
         if let Some((from, to)) = op.belief() {
             by_res
                 .entry(op.res)
@@ -848,9 +979,12 @@ fn exclusion_checks(
         }
     }
     let mut violations = 0;
+    let mut rw_violations = 0;
     let mut two_tasks = 0;
     let mut replaced = 0;
     let mut data_loss = 0;
+    let mut upgraded = BTreeMap::new();
+    let (mut readers_shared, mut downgraded) = (0, 0);
     for beliefs in by_res.values_mut() {
         beliefs.sort_by_key(|b| b.from);
         for (i, a) in beliefs.iter().enumerate() {
@@ -869,7 +1003,28 @@ fn exclusion_checks(
                 let one_owner = oa.owner == ob.owner;
                 let one_task = two_tasks_at(a.op, b.op, b.from, overlap_end).is_none();
                 let two_grants = matches!((oa.token, ob.token), (Some(x), Some(y)) if x != y);
-                if one_owner && one_task && !two_grants {
+                let rw = a.op.ty == LockType::ReadWrite;
+                // Readers share a read/write lock (under one owner id too).
+                if rw && !a.op.is_write() && !b.op.is_write() {
+                    readers_shared += 1;
+                    continue;
+                }
+                // A read and a write of one owner in one task: a downgrade, unless the write was
+                // granted over the read (see above).
+                let mut upgrade = false;
+                if rw && one_owner && one_task && a.op.is_write() != b.op.is_write() {
+                    let (r, w) = if a.op.is_write() { (b, a) } else { (a, b) };
+                    let w_grant = w.op.granted.as_ref().expect("belief needs a grant");
+                    // (A `run_once` read's belief is derived from its lease, not `is_held()`.)
+                    let judged = r.op.kind != Kind::RunOnce && w_grant.hold_count == 1;
+                    if judged && r.from < w.op.begin && r.to >= w_grant.t {
+                        upgrade = true;
+                    } else {
+                        downgraded += 1;
+                        continue;
+                    }
+                }
+                if one_owner && one_task && !two_grants && !upgrade {
                     continue;
                 }
                 // Redis losing its data between the first acquire and the second grant lets
@@ -884,17 +1039,22 @@ fn exclusion_checks(
                     Some(_) => "believed past its lease after Redis lost its data: ",
                     None => "",
                 };
-                let what = if one_owner && one_task {
+                let what = if upgrade {
+                    "a write granted over its owner's read (an upgrade), "
+                } else if one_owner && one_task {
                     replaced += 1;
                     "two grants under one owner id in one task, "
                 } else if one_owner {
                     two_tasks += 1;
                     "two tasks under one owner id, "
+                } else if rw {
+                    rw_violations += 1;
+                    "a write and another owner's hold, "
                 } else {
                     violations += 1;
                     ""
                 };
-                report.samples.push(format!(
+                let finding = format!(
                     "{why}{what}overlap of {} ms: {} believed [{}, {}], {} believed [{}, {}]",
                     (a.to.min(b.to) - b.from) / 1000,
                     a.op.describe(),
@@ -903,13 +1063,28 @@ fn exclusion_checks(
                     b.op.describe(),
                     b.from,
                     b.to
-                ));
+                );
+                if upgrade {
+                    let w = if a.op.is_write() { a.op } else { b.op };
+                    upgraded.entry(w.key).or_insert(finding);
+                } else {
+                    report.samples.push(finding);
+                }
             }
         }
     }
     report
         .checks
         .push(CheckLine::must_be_zero(OVERLAP, violations));
+    report.checks.push(CheckLine {
+        name: RW_EXCLUSION,
+        count: rw_violations,
+        must_be_zero: true,
+        note: format!(
+            "not counted: {readers_shared} overlaps of readers, {downgraded} of a write and its \
+             owner's read in one task (downgrades, or calls under way at once)"
+        ),
+    });
     report
         .checks
         .push(CheckLine::must_be_zero(OVERLAP_TWO_TASKS, two_tasks));
@@ -976,6 +1151,247 @@ fn exclusion_checks(
             "allowed: {late_paused} paused between check and write (cannot know), {late_refused} refused by the fence"
         ),
     });
+    upgraded
+}
+
+/// The ops a read/write-lock op was asked under: downgrades (a read under the owner's write)
+/// and upgrade attempts (a write under the owner's read).
+///
+/// An upgrade attempt whose read hold was still certainly held when the call returned
+/// (`is_held()` true after it: the read grant was not marked lost at any point of the call)
+/// must be refused: the client's table had that read grant when the call looked at it, before
+/// any round trip, and refuses at once unless the owner also held the write side (a re-entry:
+/// a grant with a hold count above 1). Any other outcome is counted with the writes the overlap
+/// rule found granted over their owner's read ([`RW_UPGRADE`]). An attempt whose read hold
+/// was no longer certainly held may rightly go to Redis: counted, not judged.
+///
+/// A downgrade whose write hold was certainly held through the call must not come back empty
+/// ([`RW_DOWNGRADE`]): the acquire script grants a read to the owner of the write side at
+/// once, whoever waits; unless Redis lost its data since the write's acquire began (the write
+/// hold may be gone from Redis while its holder still believes), counted apart. Errors
+/// (timeouts, lost connections) are not judged.
+fn rw_checks(
+    report: &mut Report,
+    ops: &BTreeMap<OpKey, Op>,
+    mut upgraded: BTreeMap<OpKey, String>,
+    last_restart_within: &dyn Fn(i64, i64) -> Option<i64>,
+) {
+    let rw_ops = || ops.values().filter(|o| o.ty == LockType::ReadWrite);
+    let (mut attempts, mut refused, mut reentered, mut unjudged) = (0, 0, 0, 0);
+    let (mut downgrades, mut at_once, mut refused_by_loss, mut dg_errors) = (0, 0, 0, 0);
+    let mut downgrade_refused = 0;
+    // Refusals outside the attempts (joined ops, a write after an unseen read hold).
+    let mut other_refusals = 0;
+    for op in rw_ops() {
+        let refusal = op
+            .failed
+            .as_deref()
+            .is_some_and(|e| e.starts_with("upgrade_refused"));
+        let Some(under) = op.under else {
+            other_refusals += usize::from(refusal);
+            continue;
+        };
+        let (client, gen, _) = op.key;
+        if op.is_write() {
+            attempts += 1;
+            if refusal {
+                refused += 1;
+                continue;
+            }
+            if op.under_held != Some(true) {
+                unjudged += 1;
+                continue;
+            }
+            if op.granted.as_ref().is_some_and(|g| g.hold_count > 1) {
+                reentered += 1;
+                continue;
+            }
+            let outcome = match (&op.granted, &op.failed, op.ended) {
+                (Some(_), _, _) => "granted".to_string(),
+                (None, Some(error), _) => format!("failed ({error})"),
+                (None, None, Some(_)) => "not granted".to_string(),
+                (None, None, None) => continue, // never returned: the stall rule's
+            };
+            upgraded.entry(op.key).or_insert_with(|| {
+                format!(
+                    "an upgrade attempt came back {outcome}, not UpgradeRefused, while the read \
+                     hold of op {under} was certainly held: {}",
+                    op.describe()
+                )
+            });
+        } else {
+            downgrades += 1;
+            if op.granted.is_some() {
+                at_once += 1;
+                continue;
+            }
+            if op.failed.is_some() {
+                dg_errors += 1;
+                continue;
+            }
+            let (Some(end), Some(true)) = (op.ended, op.under_held) else {
+                continue;
+            };
+            let write_began = ops
+                .get(&(client, gen, under))
+                .map_or(op.begin, |write| write.begin);
+            if last_restart_within(write_began, end).is_some() {
+                refused_by_loss += 1;
+                continue;
+            }
+            downgrade_refused += 1;
+            report.samples.push(format!(
+                "a downgrade came back without the read while the write hold of op {under} was \
+                 certainly held: {}",
+                op.describe()
+            ));
+        }
+    }
+    let reads = rw_ops().filter(|o| !o.is_write()).count();
+    let granted = rw_ops().filter(|o| o.granted.is_some()).count();
+    report.other_stats.push((
+        "rw-lock ops".into(),
+        format!(
+            "{} calls ({reads} reads, {} writes), {granted} granted; {downgrades} downgrades \
+             ({at_once} granted at once, {dg_errors} errors); {attempts} upgrade attempts \
+             ({refused} refused, {reentered} re-entered the owner's write, {unjudged} not \
+             judged: the read no longer certainly held); {other_refusals} other acquires \
+             refused as upgrades",
+            rw_ops().count(),
+            rw_ops().count() - reads,
+        ),
+    ));
+    let count = upgraded.len();
+    report.samples.extend(upgraded.into_values());
+    report.checks.push(CheckLine {
+        name: RW_UPGRADE,
+        count,
+        must_be_zero: true,
+        note: format!(
+            "{attempts} attempts judged against the read hold they were asked under, {refused} \
+             refused"
+        ),
+    });
+    report.checks.push(CheckLine {
+        name: RW_DOWNGRADE,
+        count: downgrade_refused,
+        must_be_zero: true,
+        note: format!(
+            "{downgrades} downgrades, {at_once} granted; not counted: {refused_by_loss} after \
+             Redis lost its data"
+        ),
+    });
+}
+
+/// The permits believed held at once on each semaphore (see the module's docs). Judged at
+/// every instant the sum can rise: each grant's start, and each instant a belief from before a
+/// loss of Redis's data stops being excused (a lease after the loss). Each op found starting
+/// an instant over the number (or believing past its excuse) is counted once: as a violation
+/// if the beliefs not excused by a loss are over the number, else apart.
+///
+/// Why the excused ones are excluded soundly and the rest not: a belief from an acquisition
+/// that began after the last loss was granted in the Redis of the instant, which counts its
+/// permits until its lease ends in Redis, after the holder stops believing; those permits
+/// never exceed the number (set again after a loss by the clients, the same number). A
+/// holder from before a loss believes at most a lease past it, as a lock's holder.
+fn semaphore_check(
+    report: &mut Report,
+    config: &RunConfig,
+    ops: &BTreeMap<OpKey, Op>,
+    last_restart_within: &dyn Fn(i64, i64) -> Option<i64>,
+    permits_set: &[bool],
+    restarts: &[(i64, i64)],
+) {
+    let number = i64::from(config.sem_permits);
+    let mut by_res: BTreeMap<u32, Vec<Belief<'_>>> = BTreeMap::new();
+    for op in ops.values().filter(|o| o.ty == LockType::Semaphore) {
+        if let Some((from, to)) = op.belief() {
+            by_res
+                .entry(op.res)
+                .or_default()
+                .push(Belief { op, from, to });
+        }
+    }
+    let mut over: BTreeMap<OpKey, bool> = BTreeMap::new();
+    let mut most = 0;
+    for beliefs in by_res.values() {
+        // (instant, the op it is about)
+        let mut instants: Vec<(i64, &Op)> = beliefs.iter().map(|b| (b.from, b.op)).collect();
+        for b in beliefs {
+            for &(_, lost_by) in restarts.iter().filter(|(_, e)| *e >= b.op.begin) {
+                let excused_until = lost_by + b.op.lease;
+                if excused_until < b.to {
+                    instants.push((excused_until.max(b.from) + 1, b.op));
+                }
+            }
+        }
+        for (t, blamed) in instants {
+            let covering = beliefs.iter().filter(|b| b.from <= t && t <= b.to);
+            let (mut total, mut fresh) = (0, 0);
+            let mut holders = Vec::new();
+            for b in covering {
+                let n = i64::from(b.op.permits);
+                total += n;
+                let excused = last_restart_within(b.op.begin, t)
+                    .is_some_and(|lost_by| t <= lost_by + b.op.lease);
+                if !excused {
+                    fresh += n;
+                }
+                holders.push(format!(
+                    "{} believed [{}, {}]{}",
+                    b.op.describe(),
+                    b.from,
+                    b.to,
+                    if excused {
+                        " (from before a data loss)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            most = most.max(total);
+            if total <= number {
+                continue;
+            }
+            let violation = fresh > number;
+            let seen = over.entry(blamed.key).or_insert(false);
+            if violation && !*seen {
+                *seen = true;
+                report.samples.push(format!(
+                    "{total} permits of {} believed held at {t} ({fresh} not excused by a data \
+                     loss), the number being {number}: {}",
+                    blamed.lock,
+                    holders.join("; ")
+                ));
+            }
+        }
+    }
+    let violations = over.values().filter(|v| **v).count();
+    let sem_ops = || ops.values().filter(|o| o.ty == LockType::Semaphore);
+    let granted = sem_ops().filter(|o| o.granted.is_some()).count();
+    let ones = sem_ops().filter(|o| o.permits == 1).count();
+    report.other_stats.push((
+        "semaphore ops".into(),
+        format!(
+            "{} calls ({ones} for 1 permit, {} for 2), {granted} granted; most permits believed \
+             held at once: {most} of {number}; number of permits set {} times ({} by the ticker) \
+             over {} Redis restarts",
+            sem_ops().count(),
+            sem_ops().count() - ones,
+            permits_set.len(),
+            permits_set.iter().filter(|by_op| !**by_op).count(),
+            restarts.len(),
+        ),
+    ));
+    report
+        .checks
+        .push(CheckLine::must_be_zero(SEMAPHORE_LIMIT, violations));
+    report.checks.push(CheckLine {
+        name: SEMAPHORE_DATA_LOSS,
+        count: over.len() - violations,
+        must_be_zero: false,
+        note: "allowed: a holder from before the loss cannot know before its next renewal".into(),
+    });
 }
 
 /// An instant in [from, to] at which `a` and `b` (holds of one owner id) ran their critical
@@ -990,6 +1406,9 @@ fn two_tasks_at(a: &Op, b: &Op, from: i64, to: i64) -> Option<i64> {
         .find(|&t| a.task_at(t) != b.task_at(t))
 }
 
+/// (client, generation, task, lock, side): one owner id's ops on one lock's side.
+type OwnerSide = (u32, u32, u32, u32, Option<Side>);
+
 /// A task holds one guard at a time, so a grant with a hold count above 1 re-entered a hold
 /// that outlived its owner's guards. After a dropped guard that is the background release not
 /// having run yet (a benign race); after anything else the hold was orphaned in Redis: an
@@ -999,11 +1418,12 @@ fn two_tasks_at(a: &Op, b: &Op, from: i64, to: i64) -> Option<i64> {
 /// (same owner id, another task) was still working under is not an orphan: it is counted by the
 /// two-task rule when the sections overlap.
 fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, Op>) {
-    let mut by_owner: BTreeMap<(u32, u32, u32, u32), Vec<&Op>> = BTreeMap::new();
-    for op in ops.values() {
+    // Hold counts are per side on a read/write lock; a permit is never re-entered.
+    let mut by_owner: BTreeMap<OwnerSide, Vec<&Op>> = BTreeMap::new();
+    for op in ops.values().filter(|o| o.ty != LockType::Semaphore) {
         let (client, gen, _) = op.key;
         by_owner
-            .entry((client, gen, op.task, op.res))
+            .entry((client, gen, op.task, op.res, op.side))
             .or_default()
             .push(op);
     }
@@ -1361,7 +1781,12 @@ fn hidden_grants(op: &Op, faults: &[Fault], killed: Option<i64>) -> Vec<(i64, i6
         (None, Some(killed)) => killed,
         (None, None) => i64::MAX - 2 * LATE_DELIVERY_US,
     };
-    if op.failed.is_some() || op.call_end().is_none() {
+    // (An upgrade refused took nothing: the client or the script refuses with nothing changed.)
+    let refused = op
+        .failed
+        .as_deref()
+        .is_some_and(|e| e.starts_with("upgrade_refused"));
+    if (op.failed.is_some() && !refused) || op.call_end().is_none() {
         windows.push((op.begin, end + LATE_DELIVERY_US));
     }
     for fault in faults {
@@ -1428,6 +1853,13 @@ fn task_busy(op: &Op, same_task: &[&Op], from: i64, to: i64) -> bool {
     })
 }
 
+/// Whether the end of `op`'s hold can free its lock: any hold of a lock, a write of a
+/// read/write lock (a write grant excludes every other owner's hold, and its owner's reads
+/// are ops of its task, which [`task_busy`] sees); not a read, which other readers may share.
+fn frees(op: &Op) -> bool {
+    op.ty != LockType::ReadWrite || op.is_write()
+}
+
 /// `guard.unlock()` returned Ok for a first hold (`hold_count == 1`: no hold of anyone else at
 /// the grant) while no other op of its task was under way on the lock: the release script then
 /// took the owner's only hold and deleted the lock (or left a turn reservation), after the op's
@@ -1435,6 +1867,9 @@ fn task_busy(op: &Op, same_task: &[&Op], from: i64, to: i64) -> bool {
 /// background, when is unknown), a failed unlock and `run_once` (which may hand the lock to
 /// nobody until its `hold_at_least` tail runs out, and hides release errors) prove nothing.
 fn freed_by_unlock<'a>(op: &'a Op, same_task: &[&Op]) -> Option<FreeFrom<'a>> {
+    if !frees(op) {
+        return None;
+    }
     let (at, how, outcome) = op.released.as_ref()?;
     let clean = *how == ReleaseHow::Unlock && outcome == "ok";
     if !clean || op.granted.as_ref()?.hold_count != 1 || task_busy(op, same_task, op.begin, *at) {
@@ -1459,6 +1894,9 @@ fn freed_by_unlock<'a>(op: &'a Op, same_task: &[&Op]) -> Option<FreeFrom<'a>> {
 /// re-entered an orphaned hold of its task, which may outlive the lease).
 fn lease_ran_out<'a>(op: &'a Op, same_task: &[&Op], hidden: &[(i64, i64)]) -> Option<FreeFrom<'a>> {
     let grant = op.granted.as_ref()?;
+    if !frees(op) {
+        return None;
+    }
     let guard_with_lease = op.kind.explicit_lease() && op.kind != Kind::RunOnce;
     if !guard_with_lease || grant.hold_count != 1 || !hidden.is_empty() {
         return None;
@@ -1670,7 +2108,7 @@ fn lock_ops<'a>(
         .collect();
     let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
     let mut by_task: TaskOps<'a> = HashMap::new();
-    for op in ops.values() {
+    for op in ops.values().filter(|o| o.ty != LockType::Semaphore) {
         let (client, gen, _) = op.key;
         by_res.entry(op.res).or_default().push(op);
         by_task
@@ -1687,7 +2125,7 @@ fn lock_ops<'a>(
                     let (client, gen, _) = op.key;
                     let killed = killed.get(&(client, gen)).copied();
                     let mut windows = hidden_grants(op, faults, killed);
-                    if op.fair && op.kind.waits() {
+                    if (op.fair || op.ty == LockType::ReadWrite) && op.kind.waits() {
                         windows.extend(line_holds(op, faults, killed, config));
                     }
                     windows
@@ -1835,10 +2273,16 @@ mod tests {
             clients: 2,
             seed: 1,
             tasks: 1,
-            // res-0 plain, res 1 the fair lock fair-0.
+            // res-0 plain, res 1 the fair lock fair-0, res 2 the read/write lock rw-0, res 3 the
+            // semaphore sem-0 (3 permits).
             resources: 1,
             fair_resources: 1,
             fair_percent: 25,
+            rw_resources: 1,
+            rw_percent: 20,
+            sem_resources: 1,
+            sem_percent: 20,
+            sem_permits: 3,
             lease: Duration::from_secs(1),
             command_timeout: Duration::from_millis(500),
             ignore_lease: false,
@@ -1868,6 +2312,9 @@ mod tests {
                 kind: Kind::Lock,
                 res: 0,
                 lease_ms: None,
+                side: None,
+                permits: None,
+                under: None,
             },
             Event::Granted {
                 t: granted,
@@ -2141,6 +2588,9 @@ mod tests {
                 kind: Kind::Lock,
                 res: 0,
                 lease_ms: None,
+                side: None,
+                permits: None,
+                under: None,
             }],
         );
         h.events.insert(
@@ -2160,6 +2610,9 @@ mod tests {
                 kind: Kind::Lock,
                 res: 0,
                 lease_ms: None,
+                side: None,
+                permits: None,
+                under: None,
             },
             Event::NotGranted {
                 t: STALL_BOUND_US + 30_000_000,
@@ -2196,6 +2649,9 @@ mod tests {
                 kind: Kind::TryLock,
                 res: 0,
                 lease_ms: None,
+                side: None,
+                permits: None,
+                under: None,
             },
             Event::Failed {
                 t: 400,
@@ -2276,6 +2732,9 @@ mod tests {
                 kind: Kind::TryLockFor,
                 res: 0,
                 lease_ms: None,
+                side: None,
+                permits: None,
+                under: None,
             },
             Event::NotGranted { t: 601_000, op: 1 },
         ];
@@ -2606,6 +3065,9 @@ mod tests {
             kind: Kind::Lock,
             res,
             lease_ms: None,
+            side: None,
+            permits: None,
+            under: None,
         }];
         let k = ClientHistory {
             client: 2,
@@ -2626,5 +3088,419 @@ mod tests {
         // On a plain lock the turn passes after the grace: w waited too long.
         let (h, kill) = killed_in_line(0);
         assert_eq!(run(&h, &[kill], &[]).count(FREE_LOCK), 1);
+    }
+
+    /// The read/write lock and the semaphore of [`config`].
+    const RW: u32 = 2;
+    const SEM: u32 = 3;
+
+    /// `events` made an op on the read/write lock for `side`, asked under op `under` if any.
+    fn rw(side: Side, under: Option<u64>, events: Vec<Event>) -> Vec<Event> {
+        let mut events = on(RW, events);
+        for event in &mut events {
+            if let Event::Begin {
+                side: s, under: u, ..
+            } = event
+            {
+                (*s, *u) = (Some(side), under);
+            }
+        }
+        events
+    }
+
+    /// `events` made an acquisition of `permits` permits of the semaphore.
+    fn sem(permits: u32, events: Vec<Event>) -> Vec<Event> {
+        let mut events = on(SEM, events);
+        for event in &mut events {
+            if let Event::Begin { permits: p, .. } = event {
+                *p = Some(permits);
+            }
+        }
+        events
+    }
+
+    /// Whether the op asked under another's hold found it still held when its call returned.
+    fn under_held(op: u64, t: i64, held: bool) -> Event {
+        Event::UnderHeld { t, op, held }
+    }
+
+    #[test]
+    fn a_writer_overlapping_a_reader_fails() {
+        // a writes from 100 to 900 µs; b reads from 600 to 700.
+        let h = [
+            history(
+                0,
+                rw(Side::Write, None, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+            ),
+            history(
+                1,
+                rw(Side::Read, None, hold(1, "b", 11, 500, 600, 700, None, 800)),
+            ),
+        ];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(RW_EXCLUSION), 1, "{report}");
+        assert_eq!(report.count(OVERLAP), 0);
+        assert!(!report.passed());
+        // A reader first, then a writer, just the same; and two writers.
+        let h = [
+            history(
+                0,
+                rw(Side::Read, None, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+            ),
+            history(
+                1,
+                rw(
+                    Side::Write,
+                    None,
+                    hold(1, "b", 11, 500, 600, 700, None, 800),
+                ),
+            ),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(RW_EXCLUSION), 1);
+        let h = [
+            history(
+                0,
+                rw(Side::Write, None, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+            ),
+            history(
+                1,
+                rw(
+                    Side::Write,
+                    None,
+                    hold(1, "b", 11, 500, 600, 700, None, 800),
+                ),
+            ),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(RW_EXCLUSION), 1);
+        // Right after Redis lost its data, counted apart.
+        let restart = fault(FaultKind::RedisRestart, None, 300, 450);
+        let report = run(&h, &[restart], &[]);
+        assert_eq!(report.count(RW_EXCLUSION), 0, "{report}");
+        assert_eq!(report.count(OVERLAP_DATA_LOSS), 1);
+    }
+
+    #[test]
+    fn readers_overlapping_pass() {
+        let h = [
+            history(
+                0,
+                rw(Side::Read, None, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+            ),
+            history(
+                1,
+                rw(Side::Read, None, hold(1, "b", 11, 500, 600, 700, None, 800)),
+            ),
+            history(
+                2,
+                rw(Side::Read, None, hold(1, "c", 12, 550, 650, 950, None, 990)),
+            ),
+        ];
+        let report = run(&h, &[], &[]);
+        assert!(report.passed(), "{report}");
+        let line = report
+            .checks
+            .iter()
+            .find(|c| c.name == RW_EXCLUSION)
+            .unwrap();
+        assert!(
+            line.note.starts_with("not counted: 3 overlaps of readers"),
+            "{}",
+            line.note
+        );
+        // Then a writer after them all.
+        let mut h = h.to_vec();
+        h.push(history(
+            3,
+            rw(
+                Side::Write,
+                None,
+                hold(1, "d", 13, 995, 1100, 1200, None, 1300),
+            ),
+        ));
+        assert!(run(&h, &[], &[]).passed());
+    }
+
+    #[test]
+    fn a_downgrade_passes_and_an_upgrade_fails() {
+        // a writes (op 1), then reads under its write (op 2), then lets the write go.
+        let mut read = rw(
+            Side::Read,
+            Some(1),
+            hold(2, "a", 11, 500, 600, 1_500, None, 1_600),
+        );
+        read.insert(1, under_held(2, 600, true));
+        let h = [history(
+            0,
+            [
+                rw(Side::Write, None, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+                read,
+            ]
+            .concat(),
+        )];
+        let report = run(&h, &[], &[]);
+        assert!(report.passed(), "{report}");
+        // a reads (op 1), then is granted a write (op 2, a new grant) while still reading.
+        let upgraded = [
+            rw(Side::Read, None, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+            rw(
+                Side::Write,
+                None,
+                hold(2, "a", 11, 500, 600, 700, None, 800),
+            ),
+        ]
+        .concat();
+        let report = run(&[history(0, upgraded.clone())], &[], &[]);
+        assert_eq!(report.count(RW_UPGRADE), 1, "{report}");
+        assert_eq!(report.count(OVERLAP_REPLACED), 0);
+        // A re-entry of a write the owner held too (its read being a downgrade) is fine.
+        let mut reentered = upgraded;
+        set_hold_count(&mut reentered[5..], 2);
+        assert_eq!(run(&[history(0, reentered)], &[], &[]).count(RW_UPGRADE), 0);
+    }
+
+    /// a reads (op 1, believed until 900 µs) and asks for the write side under it (op 2),
+    /// which ends with `outcome` at 600; the read was still held then (`held`).
+    fn upgrade_attempt(outcome: Event, held: bool) -> Vec<ClientHistory> {
+        let attempt = rw(
+            Side::Write,
+            Some(1),
+            vec![
+                Event::Begin {
+                    t: 500,
+                    op: 2,
+                    task: 0,
+                    kind: Kind::TryLockFor,
+                    res: RW,
+                    lease_ms: None,
+                    side: None,
+                    permits: None,
+                    under: None,
+                },
+                under_held(2, 600, held),
+                outcome,
+            ],
+        );
+        let read = rw(Side::Read, None, hold(1, "a", 10, 0, 100, 900, None, 1000));
+        vec![history(0, [read, attempt].concat())]
+    }
+
+    #[test]
+    fn an_upgrade_attempt_must_be_refused() {
+        let refused = Event::Failed {
+            t: 600,
+            op: 2,
+            error: "upgrade_refused: the owner holds a read lock".into(),
+        };
+        let report = run(&upgrade_attempt(refused, true), &[], &[]);
+        assert!(report.passed(), "{report}");
+        let not_granted = Event::NotGranted { t: 600, op: 2 };
+        let report = run(&upgrade_attempt(not_granted.clone(), true), &[], &[]);
+        assert_eq!(report.count(RW_UPGRADE), 1, "{report}");
+        let timeout = Event::Failed {
+            t: 600,
+            op: 2,
+            error: "timeout: no reply".into(),
+        };
+        assert_eq!(
+            run(&upgrade_attempt(timeout, true), &[], &[]).count(RW_UPGRADE),
+            1
+        );
+        // The read's lease was lost during the call: the write may rightly go to Redis.
+        assert!(run(&upgrade_attempt(not_granted, false), &[], &[]).passed());
+    }
+
+    #[test]
+    fn a_downgrade_not_granted_fails() {
+        let write = rw(Side::Write, None, hold(1, "a", 10, 0, 100, 900, None, 1000));
+        let downgrade = |held| {
+            let read = rw(
+                Side::Read,
+                Some(1),
+                vec![
+                    Event::Begin {
+                        t: 500,
+                        op: 2,
+                        task: 0,
+                        kind: Kind::TryLock,
+                        res: RW,
+                        lease_ms: None,
+                        side: None,
+                        permits: None,
+                        under: None,
+                    },
+                    under_held(2, 600, held),
+                    Event::NotGranted { t: 600, op: 2 },
+                ],
+            );
+            vec![history(0, [write.clone(), read].concat())]
+        };
+        let report = run(&downgrade(true), &[], &[]);
+        assert_eq!(report.count(RW_DOWNGRADE), 1, "{report}");
+        assert!(run(&downgrade(false), &[], &[]).passed());
+        // Redis lost the write hold: counted apart.
+        let restart = fault(FaultKind::RedisRestart, None, 300, 450);
+        assert_eq!(
+            run(&downgrade(true), &[restart], &[]).count(RW_DOWNGRADE),
+            0
+        );
+    }
+
+    #[test]
+    fn write_tokens_must_be_above_earlier_reads() {
+        let h = [
+            history(
+                0,
+                rw(Side::Read, None, hold(1, "a", 20, 0, 100, 200, None, 300)),
+            ),
+            history(
+                1,
+                rw(
+                    Side::Write,
+                    None,
+                    hold(1, "b", 15, 400, 500, 600, None, 700),
+                ),
+            ),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(FENCE_ORDER), 1);
+    }
+
+    #[test]
+    fn a_read_release_proves_no_read_write_lock_free() {
+        // a reads until 1 ms; w, waiting to write since 0.5 ms, gets it at 601 ms: another
+        // reader may have held it (on a write's release, w would have waited too long).
+        let w = rw(Side::Write, None, waiter(1, "w", 11, 500, 601_000));
+        let h = [
+            history(
+                0,
+                rw(Side::Read, None, hold(1, "a", 10, 0, 100, 900, None, 1_000)),
+            ),
+            history(1, w.clone()),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(FREE_LOCK), 0);
+        let h = [
+            history(
+                0,
+                rw(
+                    Side::Write,
+                    None,
+                    hold(1, "a", 10, 0, 100, 900, None, 1_000),
+                ),
+            ),
+            history(1, w),
+        ];
+        assert_eq!(run(&h, &[], &[]).count(FREE_LOCK), 1);
+    }
+
+    /// Acquisitions of the semaphore (3 permits): a takes 2 from 100 µs to 900, b takes
+    /// `b_permits` from 600 to 700.
+    fn permits(b_permits: u32) -> Vec<ClientHistory> {
+        vec![
+            history(0, sem(2, hold(1, "a", 10, 0, 100, 900, None, 1000))),
+            history(
+                1,
+                sem(b_permits, hold(1, "b", 11, 500, 600, 700, None, 800)),
+            ),
+        ]
+    }
+
+    #[test]
+    fn more_permits_than_the_number_fail() {
+        let report = run(&permits(2), &[], &[]);
+        assert_eq!(report.count(SEMAPHORE_LIMIT), 1, "{report}");
+        assert!(!report.passed());
+        // Permit holders overlap by design: no other overlap rule judges them.
+        assert_eq!(report.count(OVERLAP), 0);
+        assert_eq!(report.count(RW_EXCLUSION), 0);
+        // Exactly the number passes.
+        let report = run(&permits(1), &[], &[]);
+        assert!(report.passed(), "{report}");
+        assert!(
+            report
+                .other_stats
+                .iter()
+                .any(|(name, v)| name == "semaphore ops" && v.contains("3 of 3")),
+            "{report}"
+        );
+        // Three at once, one each, pass; a fourth fails.
+        let one = |client, owner, begin, to| {
+            history(
+                client,
+                sem(
+                    1,
+                    hold(
+                        1,
+                        owner,
+                        20 + u64::from(client),
+                        begin,
+                        begin + 10,
+                        to,
+                        None,
+                        to + 10,
+                    ),
+                ),
+            )
+        };
+        let h = [
+            one(0, "a", 0, 500),
+            one(1, "b", 100, 500),
+            one(2, "c", 200, 500),
+        ];
+        assert!(run(&h, &[], &[]).passed());
+        let mut h = h.to_vec();
+        h.push(one(3, "d", 300, 400));
+        assert_eq!(run(&h, &[], &[]).count(SEMAPHORE_LIMIT), 1);
+    }
+
+    #[test]
+    fn permits_over_the_number_after_a_data_loss_are_counted_apart() {
+        let restart = fault(FaultKind::RedisRestart, None, 300, 450);
+        let report = run(&permits(2), std::slice::from_ref(&restart), &[]);
+        assert_eq!(report.count(SEMAPHORE_LIMIT), 0, "{report}");
+        assert_eq!(report.count(SEMAPHORE_DATA_LOSS), 1);
+        assert!(report.passed());
+        // A holder from before the loss believing more than a lease (1 s) after it is not
+        // excused from then on (b's grant, over the number only with a, still is).
+        let h = [
+            history(
+                0,
+                sem(2, hold(1, "a", 10, 0, 100, 2_000_000, None, 2_000_100)),
+            ),
+            history(
+                1,
+                sem(2, hold(1, "b", 11, 500, 600, 1_900_000, None, 1_900_100)),
+            ),
+        ];
+        let report = run(&h, &[restart], &[]);
+        assert_eq!(report.count(SEMAPHORE_LIMIT), 1, "{report}");
+        assert!(
+            report.samples.iter().any(|s| s.contains("at 1000451")),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn semaphore_permits_left_leased_fail_the_cleanup() {
+        let left = |lease_left| crate::run::SemaphoreLeft {
+            name: "chaos:{sem-0}".into(),
+            permits: Some(3),
+            used: 2,
+            held: vec![("x:o1".into(), 2, lease_left)],
+            leases_without_permits: 0,
+        };
+        let check = |semaphore| {
+            let cleanup = Cleanup {
+                semaphore_keys: vec!["chaos:{sem-0}".into(), "chaos:{sem-0}:leases".into()],
+                semaphores: vec![semaphore],
+                ..Cleanup::default()
+            };
+            analyze(&config(), &[], &[], &cleanup, &[], &[])
+        };
+        // Expired, waiting for the next call to give it back: by design.
+        assert!(check(left(Some(-5))).passed());
+        assert_eq!(check(left(Some(20_000))).count(SEMAPHORE_LEFT), 1);
+        assert_eq!(check(left(None)).count(SEMAPHORE_LEFT), 1);
+        let mut wrong = left(Some(-5));
+        wrong.used = 3;
+        assert_eq!(check(wrong).count(SEMAPHORE_LEFT), 1);
     }
 }

@@ -76,6 +76,14 @@ impl Kind {
     }
 }
 
+/// Which side of a read/write lock an op asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    Read,
+    Write,
+}
+
 /// How a hold ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -102,6 +110,9 @@ pub enum Event {
     },
     /// An acquire call starts (taken before the call: the script went out no earlier).
     /// `lease_ms`: the explicit lease (`hold_at_most` for run_once); `None` for watched holds.
+    /// On a read/write lock, `side` says which; on a semaphore, `permits` how many the call
+    /// asks for. `under`: the op of the same task whose hold this one was asked under (a read
+    /// under a write: a downgrade; a write under a read: an upgrade, which must be refused).
     Begin {
         t: i64,
         op: u64,
@@ -109,6 +120,12 @@ pub enum Event {
         kind: Kind,
         res: u32,
         lease_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        side: Option<Side>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        permits: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        under: Option<u64>,
     },
     /// The acquire returned a hold (taken after the call returned). `token` is `None` for
     /// `run_once`, which exposes no guard; `hold_count` > 1 is a re-entry of a hold this owner
@@ -180,6 +197,13 @@ pub enum Event {
         last: i64,
         polls: u32,
     },
+    /// An op asked under another's hold (`Begin::under`) returned; `held` is that other hold's
+    /// `is_held()` (the library's own, whatever `--ignore-lease` says), read right after `t`
+    /// was taken: true means it was certainly held during the whole call.
+    UnderHeld { t: i64, op: u64, held: bool },
+    /// `try_set_permits` set semaphore `res`'s number of permits (it found none: the run's
+    /// first, or Redis lost its data since); `op` when an op's own call set it.
+    PermitsSet { t: i64, res: u32, op: Option<u64> },
     /// Every task stopped; what the client still had registered locally afterwards.
     Drained {
         t: i64,
@@ -202,8 +226,9 @@ impl Event {
             | Event::Handoff { op, .. }
             | Event::Abandoned { op, .. }
             | Event::Floor { op, .. }
-            | Event::Queued { op, .. } => Some(*op),
-            Event::Start { .. } | Event::Drained { .. } => None,
+            | Event::Queued { op, .. }
+            | Event::UnderHeld { op, .. } => Some(*op),
+            Event::Start { .. } | Event::Drained { .. } | Event::PermitsSet { .. } => None,
         }
     }
 }

@@ -20,6 +20,13 @@
 //!   re-entry within one task may overlap; writes that landed after their writer's lease (a
 //!   pause between check and write) are counted with how many the fence refused;
 //! - release: no acquire re-entered a hold its owner had let go of (an orphaned hold);
+//! - read/write locks (`--rw-percent` of the ops): no write hold overlapped another owner's
+//!   hold, read or write, while both believed; a write token is above every earlier grant's
+//!   on the name (as every lock's); a reader asking for the write side was refused
+//!   (`UpgradeRefused`), and an owner holding the write side got the read side at once;
+//! - semaphores (`--sem-percent` of the ops, `--sem-permits` each): at no instant did the
+//!   permits whose holders believed them held exceed the number, except right after Redis
+//!   lost its data (counted apart, bounded by one lease);
 //! - fair: on the fair locks (`--fair-percent` of the ops), no acquire was granted while a
 //!   waiter that was in line before it began was still in line with the same arrival (the
 //!   clients read the lines on a connection of their own, straight to Redis);
@@ -29,7 +36,9 @@
 //!   waiting at the stop;
 //! - cleanup: after the clients stopped, no subscription, no registered waiter or hold, no key
 //!   without a TTL, and no key once every TTL ran out. The prefix's fencing counter
-//!   (`P:fence`) is not counted: it stays by design, to keep tokens increasing.
+//!   (`P:fence`) is not counted: it stays by design, to keep tokens increasing; nor are the
+//!   semaphores' hashes (their number of permits is configuration), where no permit may still
+//!   be leased and the counts must add up.
 //!
 //! How a client works is in `worker.rs`, the faults in `orchestrator.rs`, and why each check
 //! is sound in `checker.rs`.
@@ -89,6 +98,23 @@ enum Cmd {
         /// The share of operations on a fair lock, in percent.
         #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u64).range(0..=100))]
         fair_percent: u64,
+        /// Read/write locks shared by all clients (`client.rw_lock`).
+        #[arg(long, default_value_t = 1)]
+        rw_resources: u32,
+        /// The share of operations on a read/write lock, in percent (taken after the fair
+        /// locks' share: the shares past 100 % are cut).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100))]
+        rw_percent: u64,
+        /// Semaphores shared by all clients (`client.semaphore`).
+        #[arg(long, default_value_t = 1)]
+        sem_resources: u32,
+        /// The share of operations on a semaphore, in percent (taken after the read/write
+        /// locks' share).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100))]
+        sem_percent: u64,
+        /// Each semaphore's number of permits (ops take 1 or 2).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..))]
+        sem_permits: u32,
         /// Watchdog lease of watched holds.
         #[arg(long, default_value = "1s", value_parser = parse_duration)]
         lease: Duration,
@@ -136,6 +162,16 @@ enum Cmd {
         fair_resources: u32,
         #[arg(long)]
         fair_percent: u64,
+        #[arg(long)]
+        rw_resources: u32,
+        #[arg(long)]
+        rw_percent: u64,
+        #[arg(long)]
+        sem_resources: u32,
+        #[arg(long)]
+        sem_percent: u64,
+        #[arg(long)]
+        sem_permits: u32,
         /// Redis itself, not the client's proxy: the client's own look at the fair locks.
         #[arg(long)]
         redis_addr: std::net::SocketAddr,
@@ -181,6 +217,11 @@ fn main() -> ExitCode {
             resources,
             fair_resources,
             fair_percent,
+            rw_resources,
+            rw_percent,
+            sem_resources,
+            sem_percent,
+            sem_permits,
             lease,
             command_timeout,
             out,
@@ -197,6 +238,11 @@ fn main() -> ExitCode {
                 resources: resources.max(1),
                 fair_resources,
                 fair_percent: if fair_resources == 0 { 0 } else { fair_percent },
+                rw_resources,
+                rw_percent: if rw_resources == 0 { 0 } else { rw_percent },
+                sem_resources,
+                sem_percent: if sem_resources == 0 { 0 } else { sem_percent },
+                sem_permits,
                 lease,
                 command_timeout,
                 ignore_lease,
@@ -220,6 +266,11 @@ fn main() -> ExitCode {
             resources,
             fair_resources,
             fair_percent,
+            rw_resources,
+            rw_percent,
+            sem_resources,
+            sem_percent,
+            sem_permits,
             redis_addr,
             lease_ms,
             command_timeout_ms,
@@ -236,6 +287,11 @@ fn main() -> ExitCode {
             resources,
             fair_resources,
             fair_percent,
+            rw_resources,
+            rw_percent,
+            sem_resources,
+            sem_percent,
+            sem_permits,
             redis_addr,
             lease: Duration::from_millis(lease_ms),
             command_timeout: Duration::from_millis(command_timeout_ms),

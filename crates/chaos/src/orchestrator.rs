@@ -17,7 +17,7 @@ use crate::checker;
 use crate::clock::now_us;
 use crate::history::{client_log_path, read_client_id, write_faults, Fault, FaultKind};
 use crate::rng::Rng;
-use crate::run::{is_fair, lock_name, Cleanup, RunConfig};
+use crate::run::{Cleanup, Layout, LockType, RunConfig, SemaphoreLeft};
 use crate::store::Store;
 use crate::worker::{DRAIN_DEADLINE, MAX_EXPLICIT_LEASE};
 
@@ -90,6 +90,11 @@ impl Env<'_> {
             .args(["--resources", &c.resources.to_string()])
             .args(["--fair-resources", &c.fair_resources.to_string()])
             .args(["--fair-percent", &c.fair_percent.to_string()])
+            .args(["--rw-resources", &c.rw_resources.to_string()])
+            .args(["--rw-percent", &c.rw_percent.to_string()])
+            .args(["--sem-resources", &c.sem_resources.to_string()])
+            .args(["--sem-percent", &c.sem_percent.to_string()])
+            .args(["--sem-permits", &c.sem_permits.to_string()])
             .args(["--redis-addr", &self.redis.addr().to_string()])
             .args(["--lease-ms", &c.lease.as_millis().to_string()])
             .args([
@@ -120,17 +125,22 @@ impl Env<'_> {
         })
     }
 
-    /// Clients holding a lock right now, by the owner ids in the lock hashes.
+    /// Clients holding a lock or permits right now, by the owner ids in the hashes (a
+    /// writer's or plain holder's field, or a reader's or permit's `~r:<id>`).
     async fn holders(&self) -> anyhow::Result<Vec<u32>> {
         self.clients_named(|lock, _| vec!["HKEYS".into(), lock])
             .await
     }
 
     /// Clients queued for a turn right now, by the client ids in the turn queues, or waiting
-    /// in a fair lock's line, by the owner ids in it.
+    /// in the line of a fair or read/write lock or of a semaphore, by the ids in it.
     async fn queued(&self) -> anyhow::Result<Vec<u32>> {
-        self.clients_named(|lock, fair| {
-            let line = if fair { "waiters" } else { "queue" };
+        self.clients_named(|lock, ty| {
+            let line = if ty == LockType::Plain {
+                "queue"
+            } else {
+                "waiters"
+            };
             vec![
                 "ZRANGE".into(),
                 format!("{lock}:{line}"),
@@ -141,24 +151,26 @@ impl Env<'_> {
         .await
     }
 
-    /// The clients named by the command `command(lock key, fair)` run for every lock: owner
-    /// ids and client ids both start with the client's uuid.
+    /// The clients named by the command `command(lock key, kind)` run for every resource:
+    /// owner ids and client ids both start with the client's uuid.
     async fn clients_named(
         &self,
-        command: impl Fn(String, bool) -> Vec<String>,
+        command: impl Fn(String, LockType) -> Vec<String>,
     ) -> anyhow::Result<Vec<u32>> {
         let mut clients = Vec::new();
-        let plain = self.config.resources;
-        for res in 0..plain + self.config.fair_resources {
+        let layout = Layout::of(self.config);
+        for res in 0..layout.total() {
             let redis = self.redis.clone();
             let args = command(
-                format!("{PREFIX}:{{{}}}", lock_name(res, plain)),
-                is_fair(res, plain),
+                format!("{PREFIX}:{{{}}}", layout.name(res)),
+                layout.lock_type(res),
             );
             let Ok(names) = blocking(move || strings(redis.command(&args))).await? else {
                 continue; // Redis paused or restarting: no one to pick
             };
             for name in names {
+                // `~r:<id>`: a reader's hold or a permit; other `~` fields name nobody.
+                let name = name.strip_prefix("~r:").unwrap_or(&name);
                 let uuid = name.split(':').next().unwrap_or_default();
                 if let Some(i) = self.slots.iter().position(|s| s.client_id == uuid) {
                     clients.push(i as u32);
@@ -175,22 +187,25 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> {
     println!(
-        "leasehold chaos: {} clients x {} tasks on {} locks and {} fair locks ({} % of the ops) \
-         for {:?}, seed {} (history in {})",
+        "leasehold chaos: {} clients x {} tasks on {} locks, {} fair locks ({} % of the ops), \
+         {} read/write locks ({} %) and {} semaphores of {} permits ({} %) for {:?}, seed {} \
+         (history in {})",
         config.clients,
         config.tasks,
         config.resources,
         config.fair_resources,
         config.fair_percent,
+        config.rw_resources,
+        config.rw_percent,
+        config.sem_resources,
+        config.sem_permits,
+        config.sem_percent,
         config.duration,
         config.seed,
         dir.display()
     );
     std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(config)?)?;
-    Store::create(
-        &dir.join("store.db"),
-        config.resources + config.fair_resources,
-    )?;
+    Store::create(&dir.join("store.db"), Layout::of(config).total())?;
     let redis = Arc::new(blocking(RedisServer::start).await??);
     let mut proxies = Vec::new();
     for _ in 0..config.clients {
@@ -435,7 +450,17 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
 
     // Keys: lock hashes end with their lease, turn reservations with the 25 ms grace, turn
     // queues with max(lease) + 10 s after the last waiter joined. The fencing counter stays by
-    // design.
+    // design, and so do the semaphores' hashes and permit leases (looked at below).
+    let layout = Layout::of(env.config);
+    let first_sem = layout.first(LockType::Semaphore);
+    let semaphores: Vec<String> = (first_sem..first_sem + layout.sem)
+        .map(|res| format!("{PREFIX}:{{{}}}", layout.name(res)))
+        .collect();
+    let semaphore_key = |key: &str| {
+        semaphores
+            .iter()
+            .any(|hash| key == hash || key.strip_prefix(hash.as_str()) == Some(":leases"))
+    };
     let exited = Instant::now();
     let deadline = exited + env.config.lease.max(MAX_EXPLICIT_LEASE) + Duration::from_secs(15);
     let mut first = true;
@@ -444,9 +469,12 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
         let keys = blocking(move || scan(&redis, &format!("{PREFIX}:*"))).await??;
         let (fences, others): (Vec<String>, Vec<String>) =
             keys.into_iter().partition(|k| is_fence_counter(k));
+        let (kept, others): (Vec<String>, Vec<String>) =
+            others.into_iter().partition(|k| semaphore_key(k));
         if first {
             first = false;
             cleanup.fence_keys = fences.len();
+            cleanup.semaphore_keys = kept;
             cleanup.keys_at_exit = others.clone();
             for key in &others {
                 let redis = env.redis.clone();
@@ -464,7 +492,65 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
         sleep(Duration::from_millis(50)).await;
     }
     cleanup.expiry_wait_ms = exited.elapsed().as_millis() as u64;
+    for hash in semaphores {
+        let redis = env.redis.clone();
+        cleanup
+            .semaphores
+            .push(blocking(move || semaphore_left(&redis, &hash)).await??);
+    }
     Ok(cleanup)
+}
+
+/// Semaphore `hash` as Redis has it: its number, its count of permits taken, and each
+/// acquisition still listed with how long its lease still runs.
+fn semaphore_left(redis: &RedisServer, hash: &str) -> anyhow::Result<SemaphoreLeft> {
+    let pairs = |reply: RespValue| -> anyhow::Result<Vec<(String, String)>> {
+        let items = strings(Ok(reply))?;
+        Ok(items
+            .chunks(2)
+            .filter_map(|pair| Some((pair.first()?.clone(), pair.get(1)?.clone())))
+            .collect())
+    };
+    let fields = pairs(redis.command(&["HGETALL", hash])?)?;
+    let leases_key = format!("{hash}:leases");
+    let leases = pairs(redis.command(&["ZRANGE", &leases_key, "0", "-1", "WITHSCORES"])?)?;
+    let time = strings(redis.command(&["TIME"]))?;
+    let now_ms = match &time[..] {
+        [secs, micros] => secs.parse::<i64>()? * 1000 + micros.parse::<i64>()? / 1000,
+        _ => bail!("TIME reply {time:?}"),
+    };
+    let number = |field: &str| {
+        fields
+            .iter()
+            .find(|(f, _)| f == field)
+            .and_then(|(_, v)| v.parse::<i64>().ok())
+    };
+    let lease_of = |member: &str| {
+        leases
+            .iter()
+            .find(|(m, _)| m == member)
+            .and_then(|(_, score)| score.parse::<f64>().ok())
+            .map(|deadline| deadline as i64 - now_ms)
+    };
+    let held: Vec<(String, i64, Option<i64>)> = fields
+        .iter()
+        .filter(|(f, _)| f.starts_with("~r:"))
+        .map(|(f, v)| {
+            let id = f.trim_start_matches("~r:").to_string();
+            (id, v.parse().unwrap_or(0), lease_of(f))
+        })
+        .collect();
+    let leases_without_permits = leases
+        .iter()
+        .filter(|(m, _)| !fields.iter().any(|(f, _)| f == m))
+        .count();
+    Ok(SemaphoreLeft {
+        name: hash.to_string(),
+        permits: number("~permits"),
+        used: number("~used").unwrap_or(0),
+        held,
+        leases_without_permits,
+    })
 }
 
 fn strings(reply: leasehold_testkit::Result<RespValue>) -> anyhow::Result<Vec<String>> {

@@ -21,11 +21,28 @@ pub struct RunConfig {
     /// The share of operations (percent) on a fair lock.
     #[serde(default)]
     pub fair_percent: u64,
+    /// Read/write locks (`rw-0` ...), numbered after the fair ones.
+    #[serde(default)]
+    pub rw_resources: u32,
+    /// The share of operations (percent) on a read/write lock.
+    #[serde(default)]
+    pub rw_percent: u64,
+    /// Semaphores (`sem-0` ...), numbered after the read/write locks.
+    #[serde(default)]
+    pub sem_resources: u32,
+    /// The share of operations (percent) on a semaphore.
+    #[serde(default)]
+    pub sem_percent: u64,
+    /// Every semaphore's number of permits.
+    #[serde(default)]
+    pub sem_permits: u32,
     /// Watchdog lease of the clients' watched holds.
     pub lease: Duration,
     pub command_timeout: Duration,
     /// Self-test of the checker: clients claim to hold their lease whatever `is_held()` says
-    /// (a client that ignores lease loss), so the checker must report overlaps.
+    /// (a client that ignores lease loss), and often work on past it, so the checker must
+    /// report overlaps (on every kind: two holders of a lock, a writer beside another owner,
+    /// more permits than a semaphore has).
     #[serde(default)]
     pub ignore_lease: bool,
     /// Self-test of the checker: half the fair-lock waiters put themselves at the head of the
@@ -57,21 +74,157 @@ pub struct Cleanup {
     pub fence_keys: usize,
     /// How long those keys took to disappear.
     pub expiry_wait_ms: u64,
+    /// The semaphores' hashes and permit leases (`P:{sem-<i>}`, `P:{sem-<i>}:leases`): kept by
+    /// design with no TTL (the number of permits is configuration), so left out of the key
+    /// counts above and looked at in [`Cleanup::semaphores`] instead.
+    #[serde(default)]
+    pub semaphore_keys: Vec<String>,
+    /// Each semaphore as it was once every other key had gone.
+    #[serde(default)]
+    pub semaphores: Vec<SemaphoreLeft>,
 }
 
-/// The name of lock `res` when there are `plain` plain locks: `res-<i>` for `0..plain`, then
-/// `fair-<i>` for the fair locks numbered after them.
-pub fn lock_name(res: u32, plain: u32) -> String {
-    if is_fair(res, plain) {
-        format!("fair-{}", res - plain)
-    } else {
-        format!("res-{res}")
+/// A semaphore after the clients stopped. Its number of permits stays by design; a permit
+/// whose lease ran out stays listed until the next call on the semaphore gives it back (no
+/// client is left to make one), so only permits still leased, or counts that do not add up,
+/// are left over.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SemaphoreLeft {
+    pub name: String,
+    /// `~permits` (none: never set since Redis last lost its data).
+    pub permits: Option<i64>,
+    /// `~used`: the permits taken, as the semaphore counts them.
+    pub used: i64,
+    /// Each acquisition still in the hash: its id, its permits, and how long its lease still
+    /// ran when looked at (ms, Redis time; negative: expired; `None`: not in the leases set).
+    pub held: Vec<(String, i64, Option<i64>)>,
+    /// Members of the leases set with no acquisition in the hash.
+    pub leases_without_permits: usize,
+}
+
+impl SemaphoreLeft {
+    /// Permits still leased (a lease that outlived every client and the wait for every TTL),
+    /// or bookkeeping that does not add up: `~used` against the acquisitions' permits, an
+    /// acquisition without a lease, a lease without an acquisition.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let listed: i64 = self.held.iter().map(|(_, n, _)| n).sum();
+        if listed != self.used {
+            problems.push(format!(
+                "{}: ~used is {} but the acquisitions listed hold {listed}",
+                self.name, self.used
+            ));
+        }
+        for (id, n, left) in &self.held {
+            match left {
+                Some(ms) if *ms > 0 => problems.push(format!(
+                    "{}: {id} still holds {n} permits for {ms} ms after the clients stopped",
+                    self.name
+                )),
+                Some(_) => {}
+                None => problems.push(format!(
+                    "{}: {id} holds {n} permits with no lease",
+                    self.name
+                )),
+            }
+        }
+        if self.leases_without_permits > 0 {
+            problems.push(format!(
+                "{}: {} leases without permits",
+                self.name, self.leases_without_permits
+            ));
+        }
+        problems
+    }
+
+    /// Expired permits still listed (given back by the next call on the semaphore).
+    pub fn expired(&self) -> usize {
+        self.held
+            .iter()
+            .filter(|(_, _, left)| left.is_some_and(|ms| ms <= 0))
+            .count()
     }
 }
 
-/// Whether lock `res` is a fair lock (numbered after the `plain` plain ones).
-pub fn is_fair(res: u32, plain: u32) -> bool {
-    res >= plain
+/// What a name is used as. One name is always one kind (the kinds share their keys and read
+/// each other's fields differently).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LockType {
+    /// `client.lock`: `res-<i>`.
+    Plain,
+    /// `client.fair_lock`: `fair-<i>`.
+    Fair,
+    /// `client.rw_lock`: `rw-<i>`.
+    ReadWrite,
+    /// `client.semaphore`: `sem-<i>`.
+    Semaphore,
+}
+
+/// How the resources of a run are numbered: the plain locks first, then the fair locks, the
+/// read/write locks and the semaphores, each kind numbered from 0 in its own names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub plain: u32,
+    pub fair: u32,
+    pub rw: u32,
+    pub sem: u32,
+}
+
+impl Layout {
+    pub fn of(config: &RunConfig) -> Layout {
+        Layout {
+            plain: config.resources,
+            fair: config.fair_resources,
+            rw: config.rw_resources,
+            sem: config.sem_resources,
+        }
+    }
+
+    /// Every resource: `0..total()`.
+    pub fn total(&self) -> u32 {
+        self.plain + self.fair + self.rw + self.sem
+    }
+
+    /// The first resource of each kind, with its count.
+    fn ranges(&self) -> [(LockType, u32, u32); 4] {
+        let fair = self.plain;
+        let rw = fair + self.fair;
+        let sem = rw + self.rw;
+        [
+            (LockType::Plain, 0, self.plain),
+            (LockType::Fair, fair, self.fair),
+            (LockType::ReadWrite, rw, self.rw),
+            (LockType::Semaphore, sem, self.sem),
+        ]
+    }
+
+    /// The first resource of kind `ty`.
+    pub fn first(&self, ty: LockType) -> u32 {
+        self.ranges()
+            .into_iter()
+            .find(|(t, _, _)| *t == ty)
+            .map_or(0, |(_, first, _)| first)
+    }
+
+    /// The kind of resource `res` (past the end: a semaphore, as numbered).
+    pub fn lock_type(&self, res: u32) -> LockType {
+        self.ranges()
+            .into_iter()
+            .find(|(_, first, count)| res >= *first && res < first + count)
+            .map_or(LockType::Semaphore, |(ty, _, _)| ty)
+    }
+
+    /// The name of resource `res`: `res-<i>`, `fair-<i>`, `rw-<i>` or `sem-<i>`.
+    pub fn name(&self, res: u32) -> String {
+        let ty = self.lock_type(res);
+        let i = res - self.first(ty);
+        match ty {
+            LockType::Plain => format!("res-{i}"),
+            LockType::Fair => format!("fair-{i}"),
+            LockType::ReadWrite => format!("rw-{i}"),
+            LockType::Semaphore => format!("sem-{i}"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -80,9 +233,30 @@ mod tests {
 
     #[test]
     fn lock_names() {
-        assert_eq!(lock_name(0, 3), "res-0");
-        assert_eq!(lock_name(2, 3), "res-2");
-        assert_eq!(lock_name(3, 3), "fair-0");
-        assert!(is_fair(4, 3) && !is_fair(2, 3));
+        let layout = Layout {
+            plain: 3,
+            fair: 1,
+            rw: 2,
+            sem: 1,
+        };
+        assert_eq!(layout.name(0), "res-0");
+        assert_eq!(layout.name(2), "res-2");
+        assert_eq!(layout.name(3), "fair-0");
+        assert_eq!(layout.name(4), "rw-0");
+        assert_eq!(layout.name(5), "rw-1");
+        assert_eq!(layout.name(6), "sem-0");
+        assert_eq!(layout.total(), 7);
+        assert_eq!(layout.lock_type(3), LockType::Fair);
+        assert_eq!(layout.lock_type(2), LockType::Plain);
+        assert_eq!(layout.lock_type(5), LockType::ReadWrite);
+        assert_eq!(layout.first(LockType::Semaphore), 6);
+        // No fair locks: the read/write locks follow the plain ones.
+        let layout = Layout {
+            plain: 1,
+            fair: 0,
+            rw: 1,
+            sem: 0,
+        };
+        assert_eq!(layout.name(1), "rw-0");
     }
 }

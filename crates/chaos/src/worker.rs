@@ -11,6 +11,20 @@
 //! line, a hold or a turn (`Floor`), and while a fair acquire waits it polls the owner's place
 //! in the line (`Queued`): what the checker's fair-order rule needs.
 //!
+//! Another share (`--rw-percent`) goes to read/write locks (`client.rw_lock`, `rw-<i>`): reads
+//! and writes through every acquire form, writers writing to the fenced store as the lock's
+//! holders do (readers do not write). Now and then a writer downgrades (takes the read side
+//! under its write, then lets the write go and goes on reading), and a reader asks for the
+//! write side, which must be refused (`UpgradeRefused`): both are ops of their own, recorded
+//! with the op they were asked under and whether that hold was still certainly held when the
+//! call returned ([`Event::UnderHeld`]).
+//!
+//! Another (`--sem-percent`) goes to semaphores (`client.semaphore`, `sem-<i>`), acquiring 1 or
+//! 2 of their `--sem-permits` permits through every acquire form (no store writes: several
+//! holders at once is the point). Every op first calls `try_set_permits`, and so does a
+//! ticker every [`PERMITS_TICK`] (a Redis restart loses the number of permits too: waiters
+//! would otherwise wait for a number nobody sets again).
+//!
 //! SIGTERM: finish the current operation and stop (a waiter still waiting after
 //! [`DRAIN_DEADLINE`] is recorded as abandoned), then print `DRAINED`. SIGUSR1: exit.
 
@@ -23,17 +37,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
-use leasehold::{Lock, LockClient, LockError, LockGuard};
+use leasehold::{Lock, LockClient, LockError, LockGuard, Permit, RwLock, Semaphore};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant};
 
 use crate::clock::now_us;
-use crate::history::{client_log_path, Event, EventLog, Kind, ReleaseHow};
+use crate::history::{client_log_path, Event, EventLog, Kind, ReleaseHow, Side};
 use crate::observer::Observer;
 use crate::rng::Rng;
-use crate::run::lock_name;
+use crate::run::{Layout, LockType};
 use crate::store::Store;
 
 /// How long a stopping client lets its operations finish before recording them abandoned.
@@ -55,6 +69,14 @@ pub struct WorkerConfig {
     pub fair_resources: u32,
     /// The share of operations on a fair lock (percent).
     pub fair_percent: u64,
+    pub rw_resources: u32,
+    /// The share of operations on a read/write lock (percent).
+    pub rw_percent: u64,
+    pub sem_resources: u32,
+    /// The share of operations on a semaphore (percent).
+    pub sem_percent: u64,
+    /// Every semaphore's number of permits.
+    pub sem_permits: u32,
     /// Redis itself (not the proxy): the [`Observer`]'s connection.
     pub redis_addr: std::net::SocketAddr,
     /// The watchdog lease of watched holds.
@@ -64,6 +86,17 @@ pub struct WorkerConfig {
     pub ignore_lease: bool,
     /// Half the fair waiters cut in at the head of the line (the checker's self-test).
     pub cut_in_line: bool,
+}
+
+impl WorkerConfig {
+    fn layout(&self) -> Layout {
+        Layout {
+            plain: self.resources,
+            fair: self.fair_resources,
+            rw: self.rw_resources,
+            sem: self.sem_resources,
+        }
+    }
 }
 
 /// Runs a client process to completion.
@@ -97,8 +130,13 @@ impl Ctx {
 
     /// `t` is read before `is_held()`: a pause in between can only make the record say less.
     fn check(&self, op: u64, guard: &LockGuard) -> bool {
+        self.check_with(op, || guard.is_held())
+    }
+
+    /// [`Ctx::check`] of any holder: `is_held` is its `is_held()`.
+    fn check_with(&self, op: u64, is_held: impl FnOnce() -> bool) -> bool {
         let t = now_us();
-        let held = guard.is_held() || self.config.ignore_lease;
+        let held = is_held() || self.config.ignore_lease;
         self.record(Event::Check {
             t,
             op,
@@ -140,6 +178,11 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
         in_flight: Mutex::new(HashSet::new()),
         sections: Mutex::new(JoinSet::new()),
     });
+    if ctx.config.sem_resources > 0 {
+        // Runs until the process exits: it also gives back expired permits while the others
+        // drain (every call on a semaphore does).
+        tokio::spawn(keep_permits_set(ctx.clone()));
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let root = Rng::new(ctx.config.seed)
         .fork(u64::from(ctx.config.client) << 32 | u64::from(ctx.config.gen));
@@ -282,6 +325,22 @@ async fn task_loop(
 }
 
 const KIND_WEIGHTS: [u64; 7] = [3, 2, 3, 2, 2, 2, 2];
+
+/// An acquire form for what `run_once` does not apply to (semaphores, downgrades, upgrades).
+fn kind_but_run_once(rng: &mut Rng) -> Kind {
+    Kind::ALL[rng.weighted(&KIND_WEIGHTS[..6])]
+}
+
+/// The share of read/write-lock ops that read.
+const READ_PERCENT: u64 = 50;
+/// How often a write hold is downgraded (read taken under it, then the write let go).
+const DOWNGRADE_PERCENT: u64 = 25;
+/// How often a reader asks for the write side (an upgrade, which must be refused).
+const UPGRADE_PERCENT: u64 = 20;
+/// The share of semaphore ops that take one permit (the others take two).
+const ONE_PERMIT_PERCENT: u64 = 60;
+/// How often each client sets the semaphores' number of permits if it is gone.
+pub const PERMITS_TICK: Duration = Duration::from_millis(250);
 /// How often a guard from `lock()` or `try_lock_for()` is handed to a spawned task. Low: until
 /// the library makes the hand-off explicit, each one whose task asks for the same lock again
 /// while the section still runs is a violation (two tasks in one critical section).
@@ -308,12 +367,13 @@ fn describe(error: &LockError) -> String {
         LockError::Redis(_) => "redis",
         LockError::InvalidArgument(_) => "invalid_argument",
         LockError::LeaseLost { .. } => "lease_lost",
+        LockError::UpgradeRefused { .. } => "upgrade_refused",
         _ => "other",
     };
     format!("{kind}: {error}")
 }
 
-/// One operation on lock `res`. Returns `Some(res)` when the guard was handed to a spawned
+/// One operation on resource `res`. Returns `Some(res)` when the guard was handed to a spawned
 /// task, which finishes the op (see [`hand_off`]).
 async fn one_op(
     ctx: &Arc<Ctx>,
@@ -324,14 +384,31 @@ async fn one_op(
     store: &mut Option<Store>,
     joined: bool,
 ) -> anyhow::Result<Option<u32>> {
+    let layout = ctx.config.layout();
+    let ty = layout.lock_type(res);
+    let name = layout.name(res);
+    if ty == LockType::Semaphore {
+        sem_op(ctx, task, op, res, rng).await?;
+        return Ok(None);
+    }
     let kind = Kind::ALL[rng.weighted(&KIND_WEIGHTS)];
-    let plain = ctx.config.resources;
-    let fair = crate::run::is_fair(res, plain);
-    let name = lock_name(res, plain);
-    let lock = if fair {
-        ctx.client.fair_lock(&name)?
-    } else {
-        ctx.client.lock(&name)?
+    let fair = ty == LockType::Fair;
+    let rw = match ty {
+        LockType::ReadWrite => Some(ctx.client.rw_lock(&name)?),
+        _ => None,
+    };
+    let side = rw.as_ref().map(|_| {
+        if rng.chance(READ_PERCENT) {
+            Side::Read
+        } else {
+            Side::Write
+        }
+    });
+    let lock = match (&rw, side) {
+        (Some(rw), Some(Side::Read)) => rw.read().clone(),
+        (Some(rw), _) => rw.write().clone(),
+        (None, _) if fair => ctx.client.fair_lock(&name)?,
+        (None, _) => ctx.client.lock(&name)?,
     };
     // Some ops through a non-reentrant handle: their tries use the script's no-re-entry mode.
     // Joined with a sibling op, such an op waits for the sibling's hold instead of
@@ -359,6 +436,9 @@ async fn one_op(
         kind,
         res,
         lease_ms: explicit.then_some(lease.as_millis() as u64),
+        side,
+        permits: None,
+        under: None,
     });
     if let Some(floor) = floor {
         ctx.record(Event::Floor {
@@ -379,17 +459,7 @@ async fn one_op(
         run_once_op(ctx, op, rng, &lock, begin, lease).await?;
         return Ok(None);
     }
-    let call = async {
-        match kind {
-            Kind::Lock => lock.lock().await.map(Some),
-            Kind::TryLock => lock.try_lock().await,
-            Kind::TryLockFor => lock.try_lock_for(wait).await,
-            Kind::TryLockWithLease => lock.try_lock_with_lease(lease).await,
-            Kind::TryLockForWithLease => lock.try_lock_for_with_lease(wait, lease).await,
-            Kind::LockWithLease => lock.lock_with_lease(lease).await.map(Some),
-            Kind::RunOnce => unreachable!("handled above"),
-        }
-    };
+    let call = acquire(&lock, kind, wait, lease);
     let mut line = Vec::new();
     let result = if fair && kind.waits() {
         watching_the_line(&ctx.observer, &lock, owner.id(), call, &mut line).await
@@ -422,10 +492,17 @@ async fn one_op(
                 && matches!(kind, Kind::Lock | Kind::TryLockFor)
                 && rng.chance(HANDOFF_PERCENT)
             {
-                hand_off(ctx, op, res, rng.fork(op), guard)?;
+                hand_off(ctx, op, res, side, rng.fork(op), guard)?;
                 return Ok(Some(res));
             }
-            hold(ctx, op, res, rng, store, guard).await?;
+            let held = Held {
+                op,
+                task,
+                res,
+                side,
+                rw: rw.as_ref(),
+            };
+            hold(ctx, held, rng, store, guard).await?;
         }
         Ok(None) => ctx.record(Event::NotGranted { t, op }),
         Err(error) => {
@@ -441,13 +518,170 @@ async fn one_op(
     Ok(None)
 }
 
-/// Plain locks are picked uniformly, and so are fair ones; `fair_percent` of the ops go to
-/// a fair one.
+/// The acquire call of `kind` (not `run_once`) on `lock`.
+async fn acquire(
+    lock: &Lock,
+    kind: Kind,
+    wait: Duration,
+    lease: Duration,
+) -> Result<Option<LockGuard<'_>>, LockError> {
+    match kind {
+        Kind::Lock => lock.lock().await.map(Some),
+        Kind::TryLock => lock.try_lock().await,
+        Kind::TryLockFor => lock.try_lock_for(wait).await,
+        Kind::TryLockWithLease => lock.try_lock_with_lease(lease).await,
+        Kind::TryLockForWithLease => lock.try_lock_for_with_lease(wait, lease).await,
+        Kind::LockWithLease => lock.lock_with_lease(lease).await.map(Some),
+        Kind::RunOnce => unreachable!("run_once is an op of its own"),
+    }
+}
+
+/// Plain locks are picked uniformly, and so are the locks of each other kind; `fair_percent`
+/// of the ops go to a fair lock, then `rw_percent` to a read/write lock and `sem_percent` to a
+/// semaphore (shares past 100 % are cut, in that order).
 fn pick_lock(config: &WorkerConfig, rng: &mut Rng) -> u32 {
-    if config.fair_resources > 0 && rng.chance(config.fair_percent) {
-        config.resources + rng.below(u64::from(config.fair_resources)) as u32
+    let layout = config.layout();
+    let roll = rng.below(100);
+    let shares = [
+        (LockType::Fair, config.fair_resources, config.fair_percent),
+        (LockType::ReadWrite, config.rw_resources, config.rw_percent),
+        (
+            LockType::Semaphore,
+            config.sem_resources,
+            config.sem_percent,
+        ),
+    ];
+    let mut edge = 0;
+    for (ty, count, percent) in shares {
+        if count == 0 {
+            continue;
+        }
+        edge += percent;
+        if roll < edge {
+            return layout.first(ty) + rng.below(u64::from(count)) as u32;
+        }
+    }
+    rng.below(u64::from(config.resources)) as u32
+}
+
+/// One semaphore op: `try_set_permits`, then an acquisition of 1 or 2 permits and its hold.
+async fn sem_op(ctx: &Arc<Ctx>, task: u32, op: u64, res: u32, rng: &mut Rng) -> anyhow::Result<()> {
+    let kind = kind_but_run_once(rng);
+    let permits = if rng.chance(ONE_PERMIT_PERCENT) { 1 } else { 2 };
+    let wait = ms(rng.range(50, 1500));
+    let lease = ms(rng.range(200, MAX_EXPLICIT_LEASE.as_millis() as u64));
+    let semaphore = ctx.client.semaphore(&ctx.config.layout().name(res))?;
+    set_permits(ctx, &semaphore, res, Some(op)).await;
+    ctx.record(Event::Begin {
+        t: now_us(),
+        op,
+        task,
+        kind,
+        res,
+        lease_ms: kind.explicit_lease().then_some(lease.as_millis() as u64),
+        side: None,
+        permits: Some(permits),
+        under: None,
+    });
+    let result = match kind {
+        Kind::Lock => semaphore.acquire(permits).await.map(Some),
+        Kind::TryLock => semaphore.try_acquire(permits).await,
+        Kind::TryLockFor => semaphore.try_acquire_for(permits, wait).await,
+        Kind::TryLockWithLease => {
+            semaphore
+                .try_acquire_for_with_lease(permits, Duration::ZERO, lease)
+                .await
+        }
+        Kind::TryLockForWithLease => {
+            semaphore
+                .try_acquire_for_with_lease(permits, wait, lease)
+                .await
+        }
+        Kind::LockWithLease => semaphore.acquire_with_lease(permits, lease).await.map(Some),
+        Kind::RunOnce => unreachable!("not drawn for semaphores"),
+    };
+    let t = now_us();
+    match result {
+        Ok(Some(permit)) => {
+            ctx.record(Event::Granted {
+                t,
+                op,
+                owner: permit.id().to_string(),
+                token: Some(permit.fencing_token().get()),
+                hold_count: 1,
+            });
+            hold_permit(ctx, op, rng, permit).await;
+        }
+        Ok(None) => ctx.record(Event::NotGranted { t, op }),
+        Err(error) => {
+            ctx.record(Event::Failed {
+                t,
+                op,
+                error: describe(&error),
+            });
+            sleep(ms(rng.range(20, 100))).await;
+        }
+    }
+    Ok(())
+}
+
+/// A permit's hold: lease checks around short rests (now and then a long one), then its
+/// release or drop. Permit holders do not write to the store: several hold at once.
+async fn hold_permit(ctx: &Arc<Ctx>, op: u64, rng: &mut Rng, permit: Permit) {
+    ctx.check_with(op, || permit.is_held());
+    sleep(ms(rng.range(5, 60))).await;
+    ctx.check_with(op, || permit.is_held());
+    sleep(ms(rest(ctx, rng))).await;
+    ctx.check_with(op, || permit.is_held());
+    if rng.chance(80) {
+        let outcome = match permit.release().await {
+            Ok(()) => "ok".to_string(),
+            Err(error) => describe(&error),
+        };
+        ctx.record(Event::Released {
+            t: now_us(),
+            op,
+            how: ReleaseHow::Unlock,
+            outcome,
+        });
     } else {
-        rng.below(u64::from(config.resources)) as u32
+        drop(permit);
+        ctx.record(Event::Released {
+            t: now_us(),
+            op,
+            how: ReleaseHow::Drop,
+            outcome: "background".into(),
+        });
+    }
+}
+
+/// `try_set_permits`, recording when it set the number (it was gone); errors are left to the
+/// next try.
+async fn set_permits(ctx: &Ctx, semaphore: &Semaphore, res: u32, op: Option<u64>) {
+    let permits = u64::from(ctx.config.sem_permits);
+    if let Ok(true) = semaphore.try_set_permits(permits).await {
+        ctx.record(Event::PermitsSet {
+            t: now_us(),
+            res,
+            op,
+        });
+    }
+}
+
+/// Every [`PERMITS_TICK`], the number of permits of every semaphore, set again if Redis lost
+/// it: so that a waiter never waits for a number nobody sets (every op sets it first too, but
+/// all the tasks may be waiting).
+async fn keep_permits_set(ctx: Arc<Ctx>) {
+    let layout = ctx.config.layout();
+    let first = layout.first(LockType::Semaphore);
+    let semaphores: Vec<(u32, Semaphore)> = (first..first + layout.sem)
+        .filter_map(|res| Some((res, ctx.client.semaphore(&layout.name(res)).ok()?)))
+        .collect();
+    loop {
+        for (res, semaphore) in &semaphores {
+            set_permits(&ctx, semaphore, *res, None).await;
+        }
+        sleep(PERMITS_TICK).await;
     }
 }
 
@@ -516,6 +750,7 @@ fn hand_off(
     ctx: &Arc<Ctx>,
     op: u64,
     res: u32,
+    side: Option<Side>,
     rng: Rng,
     guard: LockGuard<'_>,
 ) -> anyhow::Result<()> {
@@ -531,21 +766,28 @@ fn hand_off(
         section_result(finished)?;
     }
     // A guard leaves its task only detached: the caller's next acquire then waits for it.
-    sections.spawn(section(ctx.clone(), op, res, rng, guard.detach()));
+    let held = Held {
+        op,
+        task: to_task,
+        res,
+        side,
+        rw: None,
+    };
+    sections.spawn(section(ctx.clone(), held, rng, guard.detach()));
     Ok(())
 }
 
 /// The spawned half of a hand-off: the hold, in a task of its own, with its own store
-/// connection (opened at its first write).
+/// connection (opened at its first write). (No downgrade nor upgrade there: the section's
+/// task is another owner.)
 async fn section(
     ctx: Arc<Ctx>,
-    op: u64,
-    res: u32,
+    held: Held<'static>,
     mut rng: Rng,
     guard: LockGuard<'static>,
 ) -> anyhow::Result<()> {
-    hold(&ctx, op, res, &mut rng, &mut None, guard).await?;
-    ctx.in_flight.lock().unwrap().remove(&op);
+    hold(&ctx, held, &mut rng, &mut None, guard).await?;
+    ctx.in_flight.lock().unwrap().remove(&held.op);
     Ok(())
 }
 
@@ -559,18 +801,43 @@ fn section_result(
     }
 }
 
+/// What a hold is: its op and task, and on a read/write lock its side and (in the task that
+/// acquired it) the handle to downgrade or to ask for an upgrade with.
+#[derive(Clone, Copy)]
+struct Held<'a> {
+    op: u64,
+    task: u32,
+    res: u32,
+    side: Option<Side>,
+    rw: Option<&'a RwLock>,
+}
+
+/// How long a hold rests before its release: now and then across several renewals (or past
+/// an explicit lease). Under `--ignore-lease` (the checker's self-test) often: a client that
+/// ignores its lease is caught when it works past it, and a short run must show it on every
+/// kind (a semaphore only shows it when its other permits are taken meanwhile).
+fn rest(ctx: &Ctx, rng: &mut Rng) -> u64 {
+    let long = if ctx.config.ignore_lease { 40 } else { 8 };
+    if rng.chance(long) {
+        rng.range(1200, 2500)
+    } else {
+        rng.range(5, 120)
+    }
+}
+
 async fn hold(
     ctx: &Arc<Ctx>,
-    op: u64,
-    res: u32,
+    held: Held<'_>,
     rng: &mut Rng,
     store: &mut Option<Store>,
     guard: LockGuard<'_>,
 ) -> anyhow::Result<()> {
+    let Held { op, res, .. } = held;
     let token = guard.fencing_token().get();
     ctx.check(op, &guard);
     sleep(ms(rng.range(5, 60))).await;
-    if ctx.check(op, &guard) {
+    // Readers do not write: the store's fence is for writers.
+    if held.side != Some(Side::Read) && ctx.check(op, &guard) {
         // Preparing the write: a pause that lands here makes a late write, which the store
         // must refuse once a newer holder wrote.
         sleep(ms(rng.range(20, 150))).await;
@@ -597,14 +864,32 @@ async fn hold(
         });
         ctx.check(op, &guard);
     }
-    // Now and then hold across several renewals (or past an explicit lease).
-    let rest = if rng.chance(8) {
-        rng.range(1200, 2500)
-    } else {
-        rng.range(5, 120)
-    };
-    sleep(ms(rest)).await;
-    ctx.check(op, &guard);
+    if held.side == Some(Side::Write) && held.rw.is_some() && rng.chance(DOWNGRADE_PERCENT) {
+        return downgrade(ctx, held, rng, guard).await;
+    }
+    finish(ctx, held, rng, guard).await
+}
+
+/// The end of a hold: a rest, a check, for a reader now and then an upgrade attempt, and the
+/// release.
+async fn finish(
+    ctx: &Arc<Ctx>,
+    held: Held<'_>,
+    rng: &mut Rng,
+    guard: LockGuard<'_>,
+) -> anyhow::Result<()> {
+    sleep(ms(rest(ctx, rng))).await;
+    ctx.check(held.op, &guard);
+    if held.side == Some(Side::Read) && held.rw.is_some() && rng.chance(UPGRADE_PERCENT) {
+        upgrade(ctx, held, rng, &guard).await;
+    }
+    release(ctx, held.op, rng, guard).await;
+    Ok(())
+}
+
+/// `guard.unlock()` (recording its outcome), or now and then a drop (released in the
+/// background).
+async fn release(ctx: &Ctx, op: u64, rng: &mut Rng, guard: LockGuard<'_>) {
     if rng.chance(80) {
         let outcome = match guard.unlock().await {
             Ok(()) => "ok".to_string(),
@@ -625,7 +910,99 @@ async fn hold(
             outcome: "background".into(),
         });
     }
+}
+
+/// A new op asked under the hold `held` on its read/write lock, for `side`: its `Begin` and,
+/// once the call returned, whether `under` was still certainly held and the outcome. Returns
+/// the op and the call's result.
+async fn under<'l>(
+    ctx: &Ctx,
+    held: Held<'_>,
+    side: Side,
+    lock: &'l Lock,
+    rng: &mut Rng,
+    under: &LockGuard<'_>,
+) -> (u64, Result<Option<LockGuard<'l>>, LockError>) {
+    let op = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+    ctx.in_flight.lock().unwrap().insert(op);
+    let kind = kind_but_run_once(rng);
+    let wait = ms(rng.range(50, 1500));
+    let lease = ms(rng.range(200, MAX_EXPLICIT_LEASE.as_millis() as u64));
+    ctx.record(Event::Begin {
+        t: now_us(),
+        op,
+        task: held.task,
+        kind,
+        res: held.res,
+        lease_ms: kind.explicit_lease().then_some(lease.as_millis() as u64),
+        side: Some(side),
+        permits: None,
+        under: Some(held.op),
+    });
+    let result = acquire(lock, kind, wait, lease).await;
+    let t = now_us();
+    ctx.record(Event::UnderHeld {
+        t,
+        op,
+        held: under.is_held(),
+    });
+    match &result {
+        Ok(Some(guard)) => ctx.record(Event::Granted {
+            t,
+            op,
+            owner: guard.owner().to_string(),
+            token: Some(guard.fencing_token().get()),
+            hold_count: guard.hold_count(),
+        }),
+        Ok(None) => ctx.record(Event::NotGranted { t, op }),
+        Err(error) => ctx.record(Event::Failed {
+            t,
+            op,
+            error: describe(error),
+        }),
+    }
+    (op, result)
+}
+
+/// Downgrade: the read side taken under the write hold `held` (granted at once, whoever
+/// waits), then the write let go, and the read held on as a hold of its own.
+async fn downgrade(
+    ctx: &Arc<Ctx>,
+    held: Held<'_>,
+    rng: &mut Rng,
+    write: LockGuard<'_>,
+) -> anyhow::Result<()> {
+    let rw = held.rw.expect("downgrades only where the handle is");
+    let (op, result) = under(ctx, held, Side::Read, rw.read(), rng, &write).await;
+    release(ctx, held.op, rng, write).await;
+    match result {
+        Ok(Some(read)) => {
+            ctx.check(op, &read);
+            let read_held = Held {
+                op,
+                side: Some(Side::Read),
+                ..held
+            };
+            finish(ctx, read_held, rng, read).await?;
+        }
+        Ok(None) => {}
+        Err(_) => sleep(ms(rng.range(20, 100))).await,
+    }
+    ctx.in_flight.lock().unwrap().remove(&op);
     Ok(())
+}
+
+/// An upgrade attempt: the write side asked for under the read hold `held`; it must come back
+/// as `UpgradeRefused` at once. (Granted anyway, the write is checked and let go at once, so
+/// the checker's overlap rules see it too.)
+async fn upgrade(ctx: &Arc<Ctx>, held: Held<'_>, rng: &mut Rng, read: &LockGuard<'_>) {
+    let rw = held.rw.expect("upgrades only where the handle is");
+    let (op, result) = under(ctx, held, Side::Write, rw.write(), rng, read).await;
+    if let Ok(Some(write)) = result {
+        ctx.check(op, &write);
+        release(ctx, op, rng, write).await;
+    }
+    ctx.in_flight.lock().unwrap().remove(&op);
 }
 
 /// `run_once` hands its job no guard, so the job's belief is derived: it may count on the lock

@@ -43,8 +43,11 @@ fn twenty_seconds_of_faults_without_a_violation() {
     assert!(stdout.contains("result: PASS"), "{stdout}");
     // It did something: faults went in, locks were taken, the store took writes.
     assert!(row(&stdout, "total ") > 50, "calls");
-    // A quarter of the ops on the fair lock, whose line the order rule judged.
+    // A quarter of the ops on the fair lock, whose line the order rule judged; a fifth on the
+    // read/write lock, and a fifth on the semaphore.
     assert!(row(&stdout, "fair-lock ops:") > 10, "fair calls");
+    assert!(row(&stdout, "rw-lock ops:") > 10, "read/write calls");
+    assert!(row(&stdout, "semaphore ops:") > 10, "semaphore calls");
     let faults = stdout
         .split("faults injected")
         .nth(1)
@@ -59,12 +62,14 @@ fn twenty_seconds_of_faults_without_a_violation() {
 }
 
 /// The checker is not blind: clients that keep writing after their lease ended (they ignore
-/// `is_held()`) are caught as overlapping holds; fair-lock waiters that cut in at the head of
-/// the line (as if the lock let them) as grants past the waiters they jumped. Two short runs,
-/// one after the other (together still shorter than the twenty seconds above, which they run
-/// beside).
+/// `is_held()`) are caught as overlapping holds, on plain locks, on read/write locks (a writer
+/// beside another owner's hold) and on semaphores (more permits than there are); fair-lock
+/// waiters that cut in at the head of the line (as if the lock let them) as grants past the
+/// waiters they jumped. Three short runs, one after the other (together about as long as the
+/// twenty seconds above, which they run beside).
 #[test]
 fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
+    // The plain and fair locks only, as before the other kinds came.
     let (output, stdout) = chaos(&[
         "--duration",
         "8s",
@@ -73,6 +78,10 @@ fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
         "--seed",
         "3",
         "--ignore-lease",
+        "--rw-percent",
+        "0",
+        "--sem-percent",
+        "0",
     ]);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("result: FAIL"), "{stdout}");
@@ -80,6 +89,41 @@ fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
         row(
             &stdout,
             "exclusion: overlapping holds, both holders believed valid"
+        ) > 0,
+        "{stdout}"
+    );
+
+    // Half the ops on the read/write lock, half on a semaphore of 2 permits (so that it is
+    // full when a holder works past its lease).
+    let (output, stdout) = chaos(&[
+        "--duration",
+        "5s",
+        "--clients",
+        "3",
+        "--seed",
+        "5",
+        "--ignore-lease",
+        "--fair-percent",
+        "0",
+        "--rw-percent",
+        "50",
+        "--sem-percent",
+        "50",
+        "--sem-permits",
+        "2",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        row(
+            &stdout,
+            "exclusion: write holds overlapping another owner's hold, both believed"
+        ) > 0,
+        "{stdout}"
+    );
+    assert!(
+        row(
+            &stdout,
+            "semaphore: more permits believed held at once than the semaphore has"
         ) > 0,
         "{stdout}"
     );
