@@ -223,6 +223,15 @@ impl LockClient {
         ))
     }
 
+    /// The locks `locks` (possibly of other clients too), to be taken together, all or none:
+    /// see [`MultiLock`](crate::MultiLock).
+    ///
+    /// # Errors
+    /// As [`MultiLock::new`](crate::MultiLock::new).
+    pub fn multi_lock(&self, locks: impl IntoIterator<Item = Lock>) -> Result<crate::MultiLock> {
+        crate::MultiLock::new(locks)
+    }
+
     /// A new explicit owner: holds taken under it are shared by every task that uses it (see
     /// [`Lock::with_owner`]).
     pub fn new_owner(&self) -> Owner {

@@ -37,6 +37,7 @@
 //! release            releases, and settling commands whose reply never came
 //! lock, guard        every kind's handle, attempt and guard: the plain lock (acquire.lua),
 //!                    the fair lock (fair/*.lua) and a read/write lock's sides (rw/*.lua)
+//! multi_lock         MultiLock: several Lock handles taken all or none, in canonical order
 //! rw_lock            RwLock: two Lock handles on one name
 //! semaphore          Semaphore and Permit: a Lock handle whose every acquisition is a hold of
 //!                    its own id (sem/*.lua)
@@ -57,6 +58,7 @@ mod connect;
 mod guard;
 mod latch;
 mod lock;
+mod multi_lock;
 mod release;
 mod rw_lock;
 pub mod schedule;
@@ -76,5 +78,6 @@ pub use leasehold_core::{
 };
 pub use leasehold_watchdog::WatchdogStats;
 pub use lock::Lock;
+pub use multi_lock::{MultiLock, MultiLockGuard};
 pub use rw_lock::RwLock;
 pub use semaphore::{Permit, Semaphore};

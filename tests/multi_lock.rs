@@ -1,0 +1,183 @@
+//! MultiLock: several locks taken all or none, in canonical order, against real redis-servers.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, client_with_lease, eventually, lock_keys, server};
+use leasehold::{LockError, MultiLock};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// The test: two tasks on two clients lock {a, b} and {b, a} in a loop; they never
+/// deadlock and never overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_never_deadlock_nor_overlap() {
+    let redis = server();
+    let url = redis.url();
+    let (one, two) = (client(&url).await, client(&url).await);
+    let intervals = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (client, names) in [(one, ["a", "b"]), (two, ["b", "a"])] {
+        let intervals = intervals.clone();
+        tasks.push(tokio::spawn(async move {
+            let multi = client
+                .multi_lock(names.map(|n| client.lock(n).unwrap()))
+                .unwrap();
+            for _ in 0..40 {
+                let guard = multi.lock().await.unwrap();
+                let start = Instant::now();
+                tokio::task::yield_now().await;
+                let end = Instant::now();
+                guard.unlock().await.unwrap();
+                intervals.lock().push((start, end));
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("no deadlock")
+            .unwrap();
+    }
+    let mut intervals = intervals.lock().clone();
+    intervals.sort();
+    assert_eq!(intervals.len(), 80);
+    for pair in intervals.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two holders of {{a, b}} at once");
+    }
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// All or none: with one member busy, `try_lock` gets nothing and leaves nothing held, and a
+/// bounded wait that ends leaves nothing held either.
+#[tokio::test]
+async fn all_or_none() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let held = b.lock("y").unwrap();
+    let guard = held.lock().await.unwrap();
+    let multi = MultiLock::new([
+        a.lock("x").unwrap(),
+        a.lock("y").unwrap(),
+        a.lock("z").unwrap(),
+    ])
+    .unwrap();
+    assert!(multi.try_lock().await.unwrap().is_none());
+    assert_eq!(lock_keys(&redis), vec!["leasehold:{y}".to_string()]);
+    assert!(multi
+        .try_lock_for(Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        eventually(Duration::from_secs(10), || lock_keys(&redis)
+            == vec!["leasehold:{y}".to_string()])
+        .await,
+        "left behind: {:?}",
+        lock_keys(&redis)
+    );
+    guard.unlock().await.unwrap();
+    let all = multi.try_lock().await.unwrap().expect("all free now");
+    assert_eq!(all.guards().len(), 3);
+    let tokens = all.fencing_tokens();
+    assert_eq!(
+        tokens.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
+        vec!["x", "y", "z"]
+    );
+    all.unlock().await.unwrap();
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// Cancelled in the middle (holding the first member, waiting for the second): nothing stays
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_in_the_middle_leaves_nothing_held() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let held = b.lock("second").unwrap();
+    let guard = held.lock().await.unwrap();
+    let multi = a
+        .multi_lock([a.lock("second").unwrap(), a.lock("first").unwrap()])
+        .unwrap();
+    let waiting = tokio::spawn(async move { multi.lock().await.map(|_| ()) });
+    // It holds "first" and waits for "second".
+    assert!(
+        eventually(Duration::from_secs(10), || common::exists(
+            &redis,
+            "leasehold:{first}"
+        ) && a.waiters() == 1)
+        .await
+    );
+    waiting.abort();
+    let _ = waiting.await;
+    assert!(
+        eventually(Duration::from_secs(10), || lock_keys(&redis)
+            == vec!["leasehold:{second}".to_string()])
+        .await,
+        "left behind: {:?}",
+        lock_keys(&redis)
+    );
+    guard.unlock().await.unwrap();
+}
+
+/// One member force-unlocked: the guard reports the set lost.
+#[tokio::test]
+async fn a_member_force_unlocked_makes_the_guard_lost() {
+    let redis = server();
+    let a = client_with_lease(&redis.url(), Duration::from_millis(600)).await;
+    let multi = a
+        .multi_lock([a.lock("p").unwrap(), a.lock("q").unwrap()])
+        .unwrap();
+    let guard = multi.lock().await.unwrap();
+    assert!(guard.is_held());
+    assert!(a.lock("q").unwrap().force_unlock().await.unwrap());
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the multi-lock guard learns a member was lost");
+    assert!(!guard.is_held());
+    assert!(matches!(
+        guard.run_while_held(async {}).await,
+        Err(LockError::LeaseLost { name }) if name == "q"
+    ));
+    assert!(matches!(
+        guard.unlock().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    assert_eq!(lock_keys(&redis), Vec::<String>::new());
+}
+
+/// Members re-enter per owner as their plain locks do; and the locks may live on different
+/// Redis servers.
+#[tokio::test]
+async fn members_re_enter_and_may_be_on_different_servers() {
+    let (one, two) = (server(), server());
+    let (a, b) = (client(&one.url()).await, client(&two.url()).await);
+    let account = a.lock("account:1").unwrap();
+    let outer = account.lock().await.unwrap();
+    let multi =
+        MultiLock::new([b.lock("account:2").unwrap(), a.lock("account:1").unwrap()]).unwrap();
+    let guard = multi.lock().await.unwrap();
+    let counts: Vec<u64> = guard.guards().iter().map(|g| g.hold_count()).collect();
+    assert_eq!(
+        counts,
+        vec![2, 1],
+        "account:1 re-entered, account:2 granted"
+    );
+    guard.unlock().await.unwrap();
+    assert_eq!(account.hold_count().await.unwrap(), 1);
+    outer.unlock().await.unwrap();
+    assert!(matches!(
+        MultiLock::new([a.lock("x").unwrap(), a.lock("x").unwrap()]),
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        MultiLock::new([]),
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert_eq!(lock_keys(&one), Vec::<String>::new());
+    assert_eq!(lock_keys(&two), Vec::<String>::new());
+}
