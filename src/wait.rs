@@ -316,41 +316,50 @@ impl<'a> Wait<'a> {
 
 /// Sends the ZREM of `client`'s id from the lock's turn queue, in the background.
 pub(crate) fn leave_turn_queue(client: &Arc<ClientInner>, keys: &LockKeys) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let (client, keys) = (client.clone(), keys.clone());
-    runtime.spawn(async move {
-        let budget = client.command_timeout;
-        let left = client
-            .call(
-                budget,
-                commands::leave_queue(&client.redis, &keys, client.id.as_str()),
-            )
-            .await;
-        if let Err(error) = left {
-            tracing::debug!(lock = %keys.name(), %error, "leaving the turn queue failed; the next release will skip us after the grace");
-        }
-    });
+    in_background(
+        client,
+        keys,
+        "leaving the turn queue failed; the next release will skip us after the grace",
+        |client, keys| async move {
+            commands::leave_queue(&client.redis, &keys, client.id.as_str()).await
+        },
+    );
 }
 
-/// Sends the fair-lock leave script for `owner`, in the background: its entry goes, and a turn
-/// reserved for it passes to the next waiter at once instead of when the entry lapses.
+/// Sends the leave script for `owner`'s own entry in a line of waiters (fair, read/write,
+/// semaphore), in the background: its entry goes, and a turn reserved for it passes to the
+/// next waiter at once instead of when the entry lapses.
 fn leave_fair_line(client: &Arc<ClientInner>, keys: &LockKeys, owner: leasehold_core::Owner) {
+    in_background(
+        client,
+        keys,
+        "leaving the line failed; the entry lapses within a lease",
+        |client, keys| async move {
+            commands::fair_leave(&client.redis, &client.scripts, &keys, &owner).await
+        },
+    );
+}
+
+/// Runs a waiter's clean-up command in a task of its own (the waiter is gone, or going), within
+/// the command timeout; a failure is only logged (`failed`): what it cleans up lapses anyway.
+fn in_background<F, Fut>(
+    client: &Arc<ClientInner>,
+    keys: &LockKeys,
+    failed: &'static str,
+    command: F,
+) where
+    F: FnOnce(Arc<ClientInner>, LockKeys) -> Fut,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     let (client, keys) = (client.clone(), keys.clone());
+    let name = keys.name().to_string();
+    let command = command(client.clone(), keys);
     runtime.spawn(async move {
-        let budget = client.command_timeout;
-        let left = client
-            .call(
-                budget,
-                commands::fair_leave(&client.redis, &client.scripts, &keys, &owner),
-            )
-            .await;
-        if let Err(error) = left {
-            tracing::debug!(lock = %keys.name(), %error, "leaving the fair line failed; the entry lapses within a lease");
+        if let Err(error) = client.call(client.command_timeout, command).await {
+            tracing::debug!(lock = %name, %error, "{failed}");
         }
     });
 }

@@ -7,19 +7,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, client_with_lease, cmd, eventually, lock_keys, server, zcard};
+use common::{client, client_with_lease, cmd, eventually, lock_keys, server, until_queued, zcard};
 use leasehold::LockClient;
 use parking_lot::Mutex;
 use tokio::time::Instant;
-
-/// Waits until the fair lock `name` has `n` waiters queued in Redis.
-async fn until_queued(redis: &leasehold_testkit::RedisServer, key: &str, n: i64) {
-    assert!(
-        eventually(Duration::from_secs(20), || zcard(redis, key) == n).await,
-        "expected {n} waiters queued in {key}, found {}",
-        zcard(redis, key)
-    );
-}
 
 /// The order test: 20 waiters over 4 clients, queued one after another while the lock
 /// is held, get it in exactly that order.

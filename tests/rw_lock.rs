@@ -7,17 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, client_with_lease, eventually, lock_keys, server, zcard};
+use common::{client, client_with_lease, eventually, lock_keys, server, until_queued, zcard};
 use leasehold::{LockClient, LockError};
 use tokio::time::Instant;
-
-async fn until_queued(redis: &leasehold_testkit::RedisServer, key: &str, n: i64) {
-    assert!(
-        eventually(Duration::from_secs(20), || zcard(redis, key) == n).await,
-        "expected {n} waiters queued in {key}, found {}",
-        zcard(redis, key)
-    );
-}
 
 #[tokio::test]
 async fn readers_share_and_a_writer_excludes() {

@@ -207,6 +207,16 @@ pub fn spawn_permit_holder(redis: &RedisServer, name: &str, lease: Duration) -> 
     )
 }
 
+/// Waits until the line of waiters `key` (a fair lock's, a read/write lock's, a semaphore's
+/// `P:{N}:waiters`) has `n` entries; fails the test after 20 s.
+pub async fn until_queued(server: &RedisServer, key: &str, n: i64) {
+    assert!(
+        eventually(Duration::from_secs(20), || zcard(server, key) == n).await,
+        "expected {n} waiters queued in {key}, found {}",
+        zcard(server, key)
+    );
+}
+
 /// ZCARD of `key` (0 when absent).
 pub fn zcard(server: &RedisServer, key: &str) -> i64 {
     cmd(server, &["ZCARD", key]).as_int().expect("ZCARD reply")

@@ -204,11 +204,8 @@ async fn fair_acquire<C: LuaInterface + Send + Sync>(
     lease: Lease,
     mode: AcquireMode<'_>,
 ) -> Result<Acquire> {
-    let (waiters, until, prefix) = (
-        keys.waiters(),
-        keys.waiters_until(),
-        keys.waiter_channel_prefix(),
-    );
+    let prefix = keys.waiter_channel_prefix();
+    let (_, names) = script_keys(keys, true);
     let (code, fourth, life) = match mode {
         AcquireMode::Try | AcquireMode::Waiter(_) => ("t", Value::from(""), 0),
         AcquireMode::NonReentrant(_) => ("t", word("n"), 0),
@@ -226,13 +223,7 @@ async fn fair_acquire<C: LuaInterface + Send + Sync>(
         .fair_acquire
         .call(client, || {
             (
-                vec![
-                    Key::from(keys.hash_str()),
-                    Key::from(keys.fence_str()),
-                    Key::from(waiters.as_str()),
-                    Key::from(until.as_str()),
-                ]
-                .into(),
+                script_keys(keys, true).0.into(),
                 Value::Array(vec![
                     Value::from(owner.id_str().clone()),
                     Value::from(lease.millis() as i64),
@@ -244,7 +235,7 @@ async fn fair_acquire<C: LuaInterface + Send + Sync>(
             )
         })
         .await
-        .map_err(|e| from_fred(e, &[keys.hash(), keys.fence(), &waiters, &until]))?;
+        .map_err(|e| script_error(keys, &names, e))?;
     acquire_reply(reply)
 }
 
@@ -257,22 +248,35 @@ fn side(keys: &LockKeys) -> Value {
     })
 }
 
-/// The five keys of the read/write lock's scripts (`scripts/rw/common.lua`), and of
-/// force unlock; the fence counter's place holds the hash for the scripts that need no fence.
-fn rw_keys(keys: &LockKeys, fence: bool) -> (Vec<Key>, [String; 3]) {
-    let names = [keys.waiters(), keys.waiters_until(), keys.leases()];
-    let list = vec![
-        Key::from(keys.hash_str()),
-        Key::from(if fence {
-            keys.fence_str()
-        } else {
-            keys.hash_str()
-        }),
-        Key::from(names[0].as_str()),
-        Key::from(names[1].as_str()),
-        Key::from(names[2].as_str()),
-    ];
+/// The keys a kind's scripts take, in their order (`scripts/fair/acquire.lua`,
+/// `scripts/rw/common.lua`, `scripts/sem/common.lua`, `force_unlock.lua`): the hash; the fence
+/// counter, or the hash again for a script that grants nothing; the waiters and their
+/// deadlines; then the leases (a read/write lock, a semaphore, and force unlock, which serves
+/// every kind) and what each waiter wants (a semaphore). Returns the keys and the names of the
+/// derived ones, for naming a key in an error.
+fn script_keys(keys: &LockKeys, fence: bool) -> (Vec<Key>, Vec<String>) {
+    let mut names = vec![keys.waiters(), keys.waiters_until()];
+    match keys.kind() {
+        LockKind::Fair => {}
+        LockKind::Semaphore => names.extend([keys.leases(), keys.wants()]),
+        LockKind::Plain | LockKind::Read | LockKind::Write => names.push(keys.leases()),
+    }
+    let mut list = Vec::with_capacity(2 + names.len());
+    list.push(Key::from(keys.hash_str()));
+    list.push(Key::from(if fence {
+        keys.fence_str()
+    } else {
+        keys.hash_str()
+    }));
+    list.extend(names.iter().map(|n| Key::from(n.as_str())));
     (list, names)
+}
+
+/// A script's error, naming the key it refused by the script's key order.
+fn script_error(keys: &LockKeys, names: &[String], error: fred::error::Error) -> LockError {
+    let mut all: Vec<&str> = vec![keys.hash(), keys.fence()];
+    all.extend(names.iter().map(String::as_str));
+    from_fred(error, &all)
 }
 
 /// Runs the read/write lock's acquire script (`scripts/rw/acquire.lua`).
@@ -292,12 +296,12 @@ async fn rw_acquire<C: LuaInterface + Send + Sync>(
         AcquireMode::Reenter(token) => ("r", token_arg(Some(token)), 0),
         AcquireMode::FairWaiter { entry_life, .. } => ("w", Value::from(""), entry_life.millis()),
     };
-    let (_, names) = rw_keys(keys, true);
+    let (_, names) = script_keys(keys, true);
     let reply: Value = scripts
         .rw_acquire
         .call(client, || {
             (
-                rw_keys(keys, true).0.into(),
+                script_keys(keys, true).0.into(),
                 Value::Array(vec![
                     Value::from(owner.id_str().clone()),
                     Value::from(lease.millis() as i64),
@@ -310,47 +314,8 @@ async fn rw_acquire<C: LuaInterface + Send + Sync>(
             )
         })
         .await
-        .map_err(|e| {
-            from_fred(
-                e,
-                &[keys.hash(), keys.fence(), &names[0], &names[1], &names[2]],
-            )
-        })
-        .map_err(|e| e.naming(keys.name()))?;
+        .map_err(|e| script_error(keys, &names, e).naming(keys.name()))?;
     acquire_reply(reply)
-}
-
-/// The six keys of the semaphore's scripts (`scripts/sem/common.lua`).
-fn sem_keys(keys: &LockKeys) -> (Vec<Key>, [String; 4]) {
-    let names = [
-        keys.waiters(),
-        keys.waiters_until(),
-        keys.leases(),
-        keys.wants(),
-    ];
-    let list = vec![
-        Key::from(keys.hash_str()),
-        Key::from(keys.fence_str()),
-        Key::from(names[0].as_str()),
-        Key::from(names[1].as_str()),
-        Key::from(names[2].as_str()),
-        Key::from(names[3].as_str()),
-    ];
-    (list, names)
-}
-
-fn sem_error(keys: &LockKeys, names: &[String; 4], error: fred::error::Error) -> LockError {
-    from_fred(
-        error,
-        &[
-            keys.hash(),
-            keys.fence(),
-            &names[0],
-            &names[1],
-            &names[2],
-            &names[3],
-        ],
-    )
 }
 
 /// Runs the semaphore's acquire script (`scripts/sem/acquire.lua`).
@@ -368,12 +333,12 @@ async fn sem_acquire<C: LuaInterface + Send + Sync>(
         AcquireMode::FairWaiter { entry_life, .. } => ("w", entry_life.millis()),
         _ => ("t", 0),
     };
-    let (_, names) = sem_keys(keys);
+    let (_, names) = script_keys(keys, true);
     let reply: Value = scripts
         .sem_acquire
         .call(client, || {
             (
-                sem_keys(keys).0.into(),
+                script_keys(keys, true).0.into(),
                 Value::Array(vec![
                     Value::from(id.id_str().clone()),
                     Value::from(lease.millis() as i64),
@@ -386,7 +351,7 @@ async fn sem_acquire<C: LuaInterface + Send + Sync>(
             )
         })
         .await
-        .map_err(|e| sem_error(keys, &names, e))?;
+        .map_err(|e| script_error(keys, &names, e))?;
     acquire_reply(reply)
 }
 
@@ -422,17 +387,17 @@ pub async fn semaphore_set<C: LuaInterface + Send + Sync>(
         SemaphoreChange::Add(n) => ("add", n),
         SemaphoreChange::Delete => ("delete", 0),
     };
-    let (_, names) = sem_keys(keys);
+    let (_, names) = script_keys(keys, true);
     let changed: i64 = scripts
         .sem_set
         .call(client, || {
             (
-                sem_keys(keys).0.into(),
+                script_keys(keys, true).0.into(),
                 Value::Array(vec![word(op), Value::from(n), Value::from(prefix.as_str())]),
             )
         })
         .await
-        .map_err(|e| sem_error(keys, &names, e))?;
+        .map_err(|e| script_error(keys, &names, e))?;
     Ok(changed == 1)
 }
 
@@ -622,7 +587,7 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
                 .sem_release
                 .call(client, || {
                     (
-                        sem_keys(keys).0.into(),
+                        script_keys(keys, true).0.into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(prefix.as_str()),
@@ -639,7 +604,7 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
                 .rw_release
                 .call(client, || {
                     (
-                        rw_keys(keys, false).0.into(),
+                        script_keys(keys, false).0.into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(prefix.as_str()),
@@ -652,11 +617,7 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
                 .await
         }
         _ => {
-            let (waiters, until, prefix) = (
-                keys.waiters(),
-                keys.waiters_until(),
-                keys.waiter_channel_prefix(),
-            );
+            let prefix = keys.waiter_channel_prefix();
             scripts
                 .fair_release
                 .call(client, || {
@@ -669,16 +630,7 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
                     if let Some(expected) = expected {
                         args.push(Value::from(expected as i64));
                     }
-                    (
-                        vec![
-                            Key::from(keys.hash_str()),
-                            Key::from(keys.hash_str()),
-                            Key::from(waiters.as_str()),
-                            Key::from(until.as_str()),
-                        ]
-                        .into(),
-                        Value::Array(args),
-                    )
+                    (script_keys(keys, false).0.into(), Value::Array(args))
                 })
                 .await
         }
@@ -776,54 +728,17 @@ pub async fn fair_leave<C: LuaInterface + Send + Sync>(
     keys: &LockKeys,
     owner: &Owner,
 ) -> Result<()> {
-    let (waiters, until, prefix) = (
-        keys.waiters(),
-        keys.waiters_until(),
-        keys.waiter_channel_prefix(),
-    );
-    if keys.is_semaphore() {
-        let _: i64 = scripts
-            .sem_leave
-            .call(client, || {
-                (
-                    sem_keys(keys).0.into(),
-                    Value::Array(vec![
-                        Value::from(owner.id_str().clone()),
-                        Value::from(prefix.as_str()),
-                    ]),
-                )
-            })
-            .await
-            .map_err(|e| from_fred(e, &[keys.hash(), &waiters, &until]))?;
-        return Ok(());
-    }
-    if keys.is_read_write() {
-        let _: i64 = scripts
-            .rw_leave
-            .call(client, || {
-                (
-                    rw_keys(keys, false).0.into(),
-                    Value::Array(vec![
-                        Value::from(owner.id_str().clone()),
-                        Value::from(prefix.as_str()),
-                    ]),
-                )
-            })
-            .await
-            .map_err(|e| from_fred(e, &[keys.hash(), &waiters, &until]))?;
-        return Ok(());
-    }
-    let _passed: i64 = scripts
-        .fair_leave
+    let prefix = keys.waiter_channel_prefix();
+    let script = match keys.kind() {
+        LockKind::Semaphore => &scripts.sem_leave,
+        LockKind::Read | LockKind::Write => &scripts.rw_leave,
+        _ => &scripts.fair_leave,
+    };
+    let (_, names) = script_keys(keys, false);
+    let _: i64 = script
         .call(client, || {
             (
-                vec![
-                    Key::from(keys.hash_str()),
-                    Key::from(keys.hash_str()),
-                    Key::from(waiters.as_str()),
-                    Key::from(until.as_str()),
-                ]
-                .into(),
+                script_keys(keys, false).0.into(),
                 Value::Array(vec![
                     Value::from(owner.id_str().clone()),
                     Value::from(prefix.as_str()),
@@ -831,7 +746,7 @@ pub async fn fair_leave<C: LuaInterface + Send + Sync>(
             )
         })
         .await
-        .map_err(|e| from_fred(e, &[keys.hash(), &waiters, &until]))?;
+        .map_err(|e| script_error(keys, &names, e))?;
     Ok(())
 }
 
@@ -847,7 +762,7 @@ pub async fn force_unlock<C: LuaInterface + Send + Sync>(
         .force_unlock
         .call(client, || {
             (
-                rw_keys(keys, false).0.into(),
+                script_keys(keys, false).0.into(),
                 Value::Array(vec![
                     Value::from(keys.released_str()),
                     Value::from(prefix.as_str()),
