@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, client_with_lease, eventually, lock_keys, server, until_queued, zcard};
+use common::{client, client_with_lease, eventually, lock_keys, server, until_queued};
 use leasehold::{LockClient, LockError};
 use tokio::time::Instant;
 
