@@ -95,26 +95,8 @@ if free or mine then
 end
 
 if mode == 'w' then
-  -- Queued once, at the back: the score is the arrival time, made unique (two arrivals in one
-  -- microsecond keep their order). An entry that lapsed (its client stopped renewing it for a
-  -- whole lifetime) comes back at the back.
-  if not redis.call('ZSCORE', KEYS[3], owner) then
-    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
-    if last and tonumber(last) >= arrival then
-      arrival = tonumber(last) + 1
-    end
-    redis.call('ZADD', KEYS[3], arrival, owner)
-  end
-  local life = tonumber(ARGV[6])
-  redis.call('ZADD', KEYS[4], now_ms + life, owner)
-  -- The zsets outlive their newest entry by a second: when every waiter is gone, they go too.
-  -- Only ever lengthened: another client's entries may live longer (a longer lease).
-  for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < life + 1000 then
-      redis.call('PEXPIRE', KEYS[i], life + 1000)
-    end
-  end
+  local life, line_step, line_tag = tonumber(ARGV[6]), 1, 0
+  @JOIN_LINE@
 end
 -- The bound also covers a waiter that dies ahead of this one: its entry lapses at its
 -- deadline, and nobody is told, so this waiter looks again then (a turn reserved for a dead

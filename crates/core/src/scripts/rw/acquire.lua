@@ -131,22 +131,9 @@ if not held and not reserved then
 end
 
 if mode == 'w' then
-  if not redis.call('ZSCORE', KEYS[3], owner) then
-    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
-    if last and math.floor(tonumber(last) / 2) >= arrival then
-      arrival = math.floor(tonumber(last) / 2) + 1
-    end
-    redis.call('ZADD', KEYS[3], arrival * 2 + (reading and 0 or 1), owner)
-  end
-  local life = tonumber(ARGV[6])
-  redis.call('ZADD', KEYS[4], now_ms + life, owner)
-  -- Only ever lengthened: another client's entries may live longer (a longer lease).
-  for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < life + 1000 then
-      redis.call('PEXPIRE', KEYS[i], life + 1000)
-    end
-  end
+  -- Writers' scores are odd: the line tells readers and writers apart.
+  local life, line_step, line_tag = tonumber(ARGV[6]), 2, reading and 0 or 1
+  @JOIN_LINE@
 end
 
 -- How long this stays so at most without a message to this waiter: until the first hold's

@@ -65,20 +65,10 @@ if available() - ahead >= n then
 end
 
 if mode == 'w' then
-  if not mine then
-    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
-    if last and tonumber(last) >= arrival then
-      arrival = tonumber(last) + 1
-    end
-    redis.call('ZADD', KEYS[3], arrival, id)
-  end
-  local life = tonumber(ARGV[6])
-  redis.call('ZADD', KEYS[4], now_ms + life, id)
+  local owner, life, line_step, line_tag = id, tonumber(ARGV[6]), 1, 0
+  @JOIN_LINE@
   redis.call('HSET', KEYS[6], id, n)
-  for _, key in ipairs({KEYS[3], KEYS[4], KEYS[6]}) do
-    keep_for(key, life + 1000)
-  end
+  keep_for(KEYS[6], life + 1000)
 end
 -- Permits there for those before this one (their message may have been lost): tell them.
 hand_on(id)
