@@ -2,7 +2,7 @@
 //!
 //! The files name the protocol's words as placeholders (`@FENCE@`, `@TURN@`, `@EXPIRING@`,
 //! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`) and the shared pieces they inline (`@NEXT_FENCE@`,
-//! `@JOIN_LINE@`, `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
+//! `@JOIN_LINE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
 //! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
 //! can lengthen the turn grace.
 //!
@@ -80,6 +80,7 @@ fn fill(template: &str, protocol: &Protocol) -> String {
     let lua = template
         .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@JOIN_LINE@", files::JOIN_LINE)
+        .replace("@RELEASE_HOLD@", files::RELEASE_HOLD)
         .replace("@HAND_ON@", files::FAIR_HAND_ON)
         .replace("@RW_COMMON@", files::RW_COMMON)
         .replace("@SEM_COMMON@", files::SEM_COMMON)
@@ -121,6 +122,9 @@ pub mod files {
     /// `next_fence.lua`: the next fencing token, inlined where a script that grants says
     /// `@NEXT_FENCE@` (not a script itself).
     pub const NEXT_FENCE: &str = include_str!("scripts/next_fence.lua");
+    /// `release_hold.lua`: a lock release's checks and count, inlined where a script says
+    /// `@RELEASE_HOLD@` (not a script itself).
+    pub const RELEASE_HOLD: &str = include_str!("scripts/release_hold.lua");
     /// `join_line.lua`: a waiter keeps or takes its place in a line of waiters, inlined where
     /// a script says `@JOIN_LINE@` (not a script itself).
     pub const JOIN_LINE: &str = include_str!("scripts/join_line.lua");

@@ -29,29 +29,7 @@
 -- (The WRONGTYPE check after each pcall is written out where it is needed: a Lua helper
 -- function would be a closure created on every call of the script.)
 
-local count = redis.pcall('HGET', KEYS[1], ARGV[1])
-if type(count) == 'table' then
-  if string.sub(count.err, 1, 9) == 'WRONGTYPE' then
-    return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
-  end
-  return count
-end
-if not count then
-  return -1
-end
--- The grant is checked only when the client asks: it sends the token when this hold's grant
--- may have been replaced by a later grant of the same owner, and for settles. (The common
--- release skips the second read.)
-if ARGV[3] and ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '@FENCE@') ~= ARGV[3] then
-  return -1
-end
--- Counts are written by HSET '1' and HINCRBY, so they are canonical decimal text.
-if ARGV[4] and count ~= ARGV[4] then
-  return -2
-end
-if count ~= '1' then
-  return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-end
+@RELEASE_HOLD@
 -- EXISTS first: with nobody queued (the uncontended case) ZPOPMIN's empty reply table is not
 -- built. pcall: a foreign key where the queue belongs must not stop a release; it is ignored.
 local head

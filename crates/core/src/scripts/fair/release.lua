@@ -13,25 +13,7 @@
 -- Replies as release.lua's: remaining >= 0 released; -1 not held under that token; -2
 -- settling found another count. Error 'WRONGTYPE 1 ...' when the lock key holds another type.
 
-local count = redis.pcall('HGET', KEYS[1], ARGV[1])
-if type(count) == 'table' then
-  if string.sub(count.err, 1, 9) == 'WRONGTYPE' then
-    return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
-  end
-  return count
-end
-if not count then
-  return -1
-end
-if ARGV[3] and ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '@FENCE@') ~= ARGV[3] then
-  return -1
-end
-if ARGV[4] and count ~= ARGV[4] then
-  return -2
-end
-if count ~= '1' then
-  return redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-end
+@RELEASE_HOLD@
 redis.call('DEL', KEYS[1])
 -- A foreign key where the waiters belong must not stop a release: then nobody is handed on.
 if redis.call('TYPE', KEYS[3])['ok'] == 'zset' and redis.call('TYPE', KEYS[4])['ok'] == 'zset' then
