@@ -1557,21 +1557,19 @@ async fn defect21_joined_acquires_of_one_owner_on_a_fair_lock_do_not_sleep_on_ea
             rx
         };
         held.await.unwrap();
-        let first = async {
-            let guard = lock.lock().await.unwrap();
+        // Two joined acquires of this task, both waiting; whichever gets the lock first holds
+        // it 50 ms and releases it: the other must follow within the free-lock bound.
+        let take = || async {
+            let guard = lock.try_lock_for(Duration::from_secs(10)).await.unwrap();
+            let granted = Instant::now();
+            let guard = guard.expect("each acquire gets the lock");
             tokio::time::sleep(Duration::from_millis(50)).await;
             guard.unlock().await.unwrap();
-            Instant::now()
+            (granted, Instant::now())
         };
-        let second = async {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            let guard = lock.try_lock_for(Duration::from_secs(10)).await.unwrap();
-            let at = Instant::now();
-            drop(guard.expect("the second acquire gets the lock"));
-            at
-        };
-        let (released, granted) = tokio::join!(first, second);
-        let late = granted.saturating_duration_since(released);
+        let (a, b) = tokio::join!(take(), take());
+        let (first, second) = if a.0 <= b.0 { (a, b) } else { (b, a) };
+        let late = second.0.saturating_duration_since(first.1);
         assert!(
             late < Duration::from_secs(3),
             "{}: the second acquire got the lock {late:?} after the first released",

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, client_with_lease, cmd, eventually, lock_keys, server, zcard};
+use common::{client, client_with_lease, cmd, eventually, lock_keys, server, until_queued};
 use leasehold::{LockClient, LockError};
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -136,13 +136,7 @@ async fn changing_the_number_of_permits_while_they_are_held() {
         let semaphore = b.semaphore("workers").unwrap();
         tokio::spawn(async move { semaphore.acquire(1).await.map(|p| p.id().to_string()) })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || zcard(
-            &redis,
-            &semaphore.keys().waiters()
-        ) == 1)
-        .await
-    );
+    until_queued(&redis, &semaphore.keys().waiters(), 1).await;
     p1.release().await.unwrap();
     // Still none free (one permit, one taken).
     assert_eq!(semaphore.available_permits().await.unwrap(), 0);
@@ -179,13 +173,7 @@ async fn a_releaser_asking_again_does_not_jump_the_line() {
             permit.release().await.unwrap();
         })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || zcard(
-            &redis,
-            &semaphore.keys().waiters()
-        ) == 1)
-        .await
-    );
+    until_queued(&redis, &semaphore.keys().waiters(), 1).await;
     permit.release().await.unwrap();
     let again = semaphore.acquire(1).await.unwrap();
     order.lock().push("releaser");
@@ -213,13 +201,7 @@ async fn a_large_request_first_in_line_is_served_first() {
             permit.release().await.unwrap();
         })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || zcard(
-            &redis,
-            &semaphore.keys().waiters()
-        ) == 1)
-        .await
-    );
+    until_queued(&redis, &semaphore.keys().waiters(), 1).await;
     // One permit is free, but the big request is first: a small one waits behind it.
     let small = c.semaphore("big").unwrap();
     assert!(small.try_acquire(1).await.unwrap().is_none());
@@ -231,13 +213,7 @@ async fn a_large_request_first_in_line_is_served_first() {
             permit.release().await.unwrap();
         })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || zcard(
-            &redis,
-            &semaphore.keys().waiters()
-        ) == 2)
-        .await
-    );
+    until_queued(&redis, &semaphore.keys().waiters(), 2).await;
     held.release().await.unwrap();
     big.await.unwrap();
     small_task.await.unwrap();
@@ -266,13 +242,7 @@ async fn a_killed_holders_permit_returns_and_a_live_one_is_renewed() {
             at
         })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || zcard(
-            &redis,
-            &semaphore.keys().waiters()
-        ) == 1)
-        .await
-    );
+    until_queued(&redis, &semaphore.keys().waiters(), 1).await;
     child.kill().unwrap();
     let killed = Instant::now();
     let got = tokio::time::timeout(Duration::from_secs(20), waiter)
@@ -346,22 +316,10 @@ async fn cancelled_acquisitions_leave_nothing_behind() {
     let held = semaphore.acquire(2).await.unwrap();
     let other = b.semaphore("cancel").unwrap();
     let waiting = tokio::spawn(async move { other.acquire(1).await.map(|_| ()) });
-    assert!(
-        eventually(Duration::from_secs(10), || zcard(
-            &redis,
-            &semaphore.keys().waiters()
-        ) == 1)
-        .await
-    );
+    until_queued(&redis, &semaphore.keys().waiters(), 1).await;
     waiting.abort();
     let _ = waiting.await;
-    assert!(
-        eventually(Duration::from_secs(10), || zcard(
-            &redis,
-            &semaphore.keys().waiters()
-        ) == 0)
-        .await
-    );
+    until_queued(&redis, &semaphore.keys().waiters(), 0).await;
     held.release().await.unwrap();
     assert!(
         eventually(Duration::from_secs(10), || leftovers(&redis, "cancel")
