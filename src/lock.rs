@@ -312,6 +312,20 @@ impl Lock {
         wait: Option<Duration>,
         lease: Option<Duration>,
     ) -> Result<Option<LockGuard<'_>>> {
+        Ok(match self.acquire_tried(wait, lease).await? {
+            Tried::Granted(guard) => Some(guard),
+            Tried::Busy(_) => None,
+        })
+    }
+
+    /// As [`Lock::acquire`], and a one-try acquire that found the lock busy says for how long
+    /// at most (the holder's remaining lease, or a reservation's): a caller that waits its own
+    /// way (a [`RedLock`](crate::RedLock)) sleeps on it.
+    pub(crate) async fn acquire_tried(
+        &self,
+        wait: Option<Duration>,
+        lease: Option<Duration>,
+    ) -> Result<Tried<LockGuard<'_>>> {
         let started = Instant::now();
         // A span only when its level is on: when off, the hot path builds none and stays
         // unboxed.
@@ -330,14 +344,14 @@ impl Lock {
             Box::pin(tracing::Instrument::instrument(acquire, span.clone())).await
         };
         let (outcome, waited) = match &result {
-            Ok(Some(_)) => (Outcome::Granted, Some(started.elapsed())),
-            Ok(None) if wait == Some(Duration::ZERO) => (Outcome::Busy, None),
-            Ok(None) => (Outcome::TimedOut, None),
+            Ok(Tried::Granted(_)) => (Outcome::Granted, Some(started.elapsed())),
+            Ok(Tried::Busy(_)) if wait == Some(Duration::ZERO) => (Outcome::Busy, None),
+            Ok(Tried::Busy(_)) => (Outcome::TimedOut, None),
             Err(_) => (Outcome::Error, None),
         };
         if !span.is_disabled() {
             span.record("outcome", outcome.as_str());
-            if let Ok(Some(guard)) = &result {
+            if let Ok(Tried::Granted(guard)) = &result {
                 span.record("token", guard.fencing_token().get());
             }
         }
@@ -349,7 +363,7 @@ impl Lock {
         &self,
         wait: Option<Duration>,
         lease: Option<Duration>,
-    ) -> Result<Option<LockGuard<'_>>> {
+    ) -> Result<Tried<LockGuard<'_>>> {
         let (mode, lease) = match lease {
             None => (LeaseMode::Watched, self.client.holds.lease()),
             Some(lease) => {
@@ -387,7 +401,7 @@ impl Lock {
             if seen.detached && self.owner.is_none() {
                 taken = None;
                 if !Box::pin(client.holds.until_attached(&other, deadline)).await {
-                    return Ok(None);
+                    return Ok(Tried::Busy(None));
                 }
                 seen = client.holds.prepare(&other);
                 prepared = client.holds.prepare(&attempt.hold);
@@ -404,7 +418,7 @@ impl Lock {
         if prepared.detached && self.owner.is_none() {
             taken = None;
             if !Box::pin(client.holds.until_attached(&attempt.hold, deadline)).await {
-                return Ok(None);
+                return Ok(Tried::Busy(None));
             }
             prepared = client.holds.prepare(&attempt.hold);
         }
@@ -416,7 +430,7 @@ impl Lock {
             if wait == Some(Duration::ZERO)
                 || !Box::pin(client.holds.until_released(&attempt.hold, deadline)).await
             {
-                return Ok(None);
+                return Ok(Tried::Busy(None));
             }
             prepared = client.holds.prepare(&attempt.hold);
         }
@@ -425,27 +439,30 @@ impl Lock {
                 .try_once(None, client.budget(deadline), taken.take(), false)
                 .await?
             {
-                Tried::Granted(granted) => return Ok(Some(self.guard(granted))),
+                Tried::Granted(granted) => return Ok(Tried::Granted(self.guard(granted))),
                 // The grant is gone (expired, force-unlocked): wait like anyone else.
                 Tried::Busy(_) => {}
             }
         }
-        let granted = if wait == Some(Duration::ZERO) {
+        if wait == Some(Duration::ZERO) {
             // try_lock: one try and nothing to wait for, so no place in line and no turn.
-            match attempt
-                .try_once(None, client.command_timeout, taken.take(), false)
-                .await?
-            {
-                Tried::Granted(granted) => Some(granted),
-                Tried::Busy(_) => None,
-            }
-        } else {
-            // The engine's tries take their own tickets. Boxed: the waiting engine's state is
-            // large, and a try that is granted at once (the common case) should not carry it.
-            drop(taken);
-            Box::pin(wait::acquire(client, &self.keys, &mut attempt, deadline)).await?
-        };
-        Ok(granted.map(|granted| self.guard(granted)))
+            return Ok(
+                match attempt
+                    .try_once(None, client.command_timeout, taken.take(), false)
+                    .await?
+                {
+                    Tried::Granted(granted) => Tried::Granted(self.guard(granted)),
+                    Tried::Busy(busy_for) => Tried::Busy(busy_for),
+                },
+            );
+        }
+        // The engine's tries take their own tickets. Boxed: the waiting engine's state is
+        // large, and a try that is granted at once (the common case) should not carry it.
+        drop(taken);
+        let granted = Box::pin(wait::acquire(client, &self.keys, &mut attempt, deadline)).await?;
+        Ok(granted.map_or(Tried::Busy(None), |granted| {
+            Tried::Granted(self.guard(granted))
+        }))
     }
 
     fn guard(&self, granted: Granted) -> LockGuard<'_> {
