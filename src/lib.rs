@@ -38,6 +38,7 @@
 //! lock, guard        every kind's handle, attempt and guard: the plain lock (acquire.lua),
 //!                    the fair lock (fair/*.lua) and a read/write lock's sides (rw/*.lua)
 //! multi_lock         MultiLock: several Lock handles taken all or none, in canonical order
+//! red_lock           RedLock: one Lock handle per independent server, held by a quorum
 //! rw_lock            RwLock: two Lock handles on one name
 //! semaphore          Semaphore and Permit: a Lock handle whose every acquisition is a hold of
 //!                    its own id (sem/*.lua)
@@ -59,6 +60,7 @@ mod guard;
 mod latch;
 mod lock;
 mod multi_lock;
+mod red_lock;
 mod release;
 mod rw_lock;
 pub mod schedule;
@@ -79,5 +81,6 @@ pub use leasehold_core::{
 pub use leasehold_watchdog::WatchdogStats;
 pub use lock::Lock;
 pub use multi_lock::{MultiLock, MultiLockGuard};
+pub use red_lock::{QuorumGuard, QuorumLock, QuorumToken, RedLock, DEFAULT_SERVER_TIMEOUT};
 pub use rw_lock::RwLock;
 pub use semaphore::{Permit, Semaphore};

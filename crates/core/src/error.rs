@@ -72,6 +72,27 @@ pub enum LockError {
         /// The lock name.
         name: String,
     },
+    /// A quorum lock (`RedLock`) could not reach a majority of its servers: fewer than
+    /// `needed` of the `servers` answered, the others failed or did not answer within the
+    /// per-server timeout. Nothing is held: what some servers granted was released. Transient:
+    /// a later try may find the servers back.
+    #[error(
+        "only {answered} of {servers} Redis servers answered for lock {name:?}; a quorum needs \
+         {needed} (last error: {last})"
+    )]
+    QuorumUnreachable {
+        /// The lock name.
+        name: String,
+        /// How many servers answered (granted or busy).
+        answered: usize,
+        /// How many must answer for a quorum.
+        needed: usize,
+        /// How many servers the lock spans.
+        servers: usize,
+        /// The last server's error.
+        #[source]
+        last: Box<LockError>,
+    },
 }
 
 /// An error from Redis or from the connection to it, as the source of a [`LockError`]. Its
@@ -167,9 +188,13 @@ pub(crate) fn classify(error: &FredError) -> Class {
 }
 
 impl LockError {
-    /// Whether the error is transient (timeout or connection): retrying later may succeed.
+    /// Whether the error is transient (timeout, connection, or a quorum of servers unreachable):
+    /// retrying later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, LockError::Timeout | LockError::Connection(_))
+        matches!(
+            self,
+            LockError::Timeout | LockError::Connection(_) | LockError::QuorumUnreachable { .. }
+        )
     }
 
     /// Maps an error of the Redis client to the variant a caller can act on, for code that runs
