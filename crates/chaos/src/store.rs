@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
+use leasehold::{FencingToken, QuorumToken};
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::clock;
@@ -33,6 +34,23 @@ pub struct Accepted {
     pub gen: u32,
     pub op: u64,
     pub t: i64,
+}
+
+/// One accepted RedLock write: its token by server number (`None`: that server did not grant).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuorumAccepted {
+    pub seq: i64,
+    pub resource: u32,
+    pub tokens: Vec<Option<u64>>,
+    pub client: u32,
+    pub gen: u32,
+    pub op: u64,
+    pub t: i64,
+}
+
+/// A [`QuorumToken`] from tokens by server number.
+pub fn quorum_token(tokens: &[Option<u64>]) -> QuorumToken {
+    QuorumToken::from_tokens(tokens.iter().map(|t| t.map(FencingToken::new)))
 }
 
 /// One refused write.
@@ -125,6 +143,120 @@ impl Store {
         Ok((accepted, t))
     }
 
+    /// Adds the RedLock tables: `resources` rows whose stored token is the merged latest
+    /// [`QuorumToken`] (JSON, one entry per server, `null` where none was seen yet).
+    pub fn create_quorum(path: &Path, resources: u32) -> anyhow::Result<()> {
+        let conn = Store::connect(path)?;
+        conn.execute_batch(
+            "CREATE TABLE qresource(id INTEGER PRIMARY KEY, tokens TEXT NOT NULL, writes INTEGER NOT NULL);
+             CREATE TABLE qaccepted(seq INTEGER PRIMARY KEY AUTOINCREMENT, resource INTEGER NOT NULL,
+                 tokens TEXT NOT NULL, client INTEGER NOT NULL, gen INTEGER NOT NULL,
+                 op INTEGER NOT NULL, t INTEGER NOT NULL);
+             CREATE TABLE qrefused(seq INTEGER PRIMARY KEY AUTOINCREMENT, resource INTEGER NOT NULL,
+                 tokens TEXT NOT NULL, stored TEXT NOT NULL, client INTEGER NOT NULL,
+                 gen INTEGER NOT NULL, op INTEGER NOT NULL, t INTEGER NOT NULL);",
+        )?;
+        for id in 0..resources {
+            conn.execute(
+                "INSERT INTO qresource(id, tokens, writes) VALUES (?1, '[]', 0)",
+                params![id],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The RedLock fenced write (docs/red-lock.md's check): accepted unless `tokens` is older
+    /// ([`QuorumToken::is_older_than`]) than the merged token stored for `resource`, which then
+    /// becomes the merge of the two ([`QuorumToken::merged`]); checked and applied in one
+    /// transaction, with the time read under the store's write lock. `tokens` is by server
+    /// number (the orchestrator's, the same in every client).
+    pub fn write_quorum(
+        &mut self,
+        resource: u32,
+        tokens: &[Option<u64>],
+        client: u32,
+        gen: u32,
+        op: u64,
+    ) -> anyhow::Result<(bool, i64)> {
+        let mine = quorum_token(tokens);
+        let text = serde_json::to_string(tokens)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let t = clock::now_us();
+        let stored_text: String = tx.query_row(
+            "SELECT tokens FROM qresource WHERE id = ?1",
+            params![resource],
+            |row| row.get(0),
+        )?;
+        let stored_tokens: Vec<Option<u64>> = serde_json::from_str(&stored_text)?;
+        let stored = quorum_token(&stored_tokens);
+        let accepted = !mine.is_older_than(&stored);
+        if accepted {
+            let merged: Vec<Option<u64>> = stored
+                .merged(&mine)
+                .tokens()
+                .iter()
+                .map(|t| t.map(|t| t.get()))
+                .collect();
+            tx.execute(
+                "UPDATE qresource SET tokens = ?1, writes = writes + 1 WHERE id = ?2",
+                params![serde_json::to_string(&merged)?, resource],
+            )?;
+            tx.execute(
+                "INSERT INTO qaccepted(resource, tokens, client, gen, op, t) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![resource, text, client, gen, op as i64, t],
+            )?;
+        } else {
+            tx.execute(
+                "INSERT INTO qrefused(resource, tokens, stored, client, gen, op, t) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![resource, text, stored_text, client, gen, op as i64, t],
+            )?;
+        }
+        tx.commit()?;
+        Ok((accepted, t))
+    }
+
+    /// Every accepted RedLock write, in the order the store applied them.
+    pub fn quorum_accepted(&self) -> anyhow::Result<Vec<QuorumAccepted>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT seq, resource, tokens, client, gen, op, t FROM qaccepted ORDER BY seq",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, u32>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, u32>(3)?,
+                row.get::<_, u32>(4)?,
+                row.get::<_, i64>(5)?,
+                row.get::<_, i64>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, resource, tokens, client, gen, op, t) = row?;
+            out.push(QuorumAccepted {
+                seq,
+                resource,
+                tokens: serde_json::from_str(&tokens)?,
+                client,
+                gen,
+                op: op as u64,
+                t,
+            });
+        }
+        Ok(out)
+    }
+
+    /// How many RedLock writes the store refused.
+    pub fn quorum_refused(&self) -> anyhow::Result<usize> {
+        let n: i64 = self
+            .conn
+            .query_row("SELECT COUNT(*) FROM qrefused", [], |row| row.get(0))?;
+        Ok(n as usize)
+    }
+
     /// Every accepted write, in the order the store applied them.
     pub fn accepted(&self) -> anyhow::Result<Vec<Accepted>> {
         let mut stmt = self.conn.prepare(
@@ -194,5 +326,37 @@ mod tests {
         let refused = store.refused().unwrap();
         assert_eq!(refused.len(), 2);
         assert_eq!(refused[1].last_token, 10);
+    }
+
+    #[test]
+    fn quorum_writes_refused_when_older_on_a_shared_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        Store::create(&path, 1).unwrap();
+        Store::create_quorum(&path, 1).unwrap();
+        let mut store = Store::open(&path).unwrap();
+        let earlier = [Some(7), Some(900), Some(3), None, None];
+        let later = [Some(8), None, None, Some(40), Some(5)];
+        assert!(store.write_quorum(0, &later, 1, 0, 1).unwrap().0);
+        // Lower on server 0, which both name: refused, however high on server 1.
+        assert!(!store.write_quorum(0, &earlier, 2, 0, 1).unwrap().0);
+        // Names no server the stored token names with a higher value: accepted.
+        assert!(
+            store
+                .write_quorum(0, &[None, Some(1), Some(1), None, Some(6)], 2, 0, 2)
+                .unwrap()
+                .0
+        );
+        // The stored token is the merge: server 4 is now 6.
+        assert!(
+            !store
+                .write_quorum(0, &[None, None, None, None, Some(5)], 3, 0, 1)
+                .unwrap()
+                .0
+        );
+        let accepted = store.quorum_accepted().unwrap();
+        assert_eq!(accepted.len(), 2);
+        assert_eq!(accepted[0].tokens, later.to_vec());
+        assert_eq!(store.quorum_refused().unwrap(), 2);
     }
 }
