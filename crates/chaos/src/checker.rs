@@ -204,6 +204,9 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
     let config: RunConfig = serde_json::from_str(
         &std::fs::read_to_string(dir.join("run.json")).context("reading run.json")?,
     )?;
+    if config.redlock > 0 {
+        return crate::redlock_check::check(dir);
+    }
     let histories = read_client_histories(dir)?;
     let faults_path = dir.join("faults.jsonl");
     let faults = if faults_path.exists() {
@@ -409,7 +412,7 @@ pub struct CheckLine {
 
 impl CheckLine {
     /// A check whose count must be 0, with no note.
-    fn must_be_zero(name: &'static str, count: usize) -> CheckLine {
+    pub(crate) fn must_be_zero(name: &'static str, count: usize) -> CheckLine {
         CheckLine {
             name,
             count,
@@ -2288,6 +2291,7 @@ mod tests {
             ignore_lease: false,
             cut_in_line: false,
             tolerate_orphaned_reentry: false,
+            redlock: 0,
         }
     }
 

@@ -252,7 +252,7 @@ impl EventLog {
         })
     }
 
-    pub fn record(&self, event: &Event) {
+    pub fn record<E: Serialize>(&self, event: &E) {
         let mut line = serde_json::to_string(event).expect("events serialize");
         line.push('\n');
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());

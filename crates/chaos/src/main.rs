@@ -40,6 +40,26 @@
 //!   semaphores' hashes (their number of permits is configuration), where no permit may still
 //!   be leased and the counts must add up.
 //!
+//! RedLock mode (`run --redlock N`, issue 17): N independent redis-servers, each client
+//! process one `LockClient` per server through proxies of its own and one `RedLock` over them,
+//! every op a quorum lock (`--resources` of them, `rl-<i>`) through the six acquire forms,
+//! writing to the store with the grant's `QuorumToken`. Faults per server (killed and
+//! restarted with its data lost, paused, partitioned or slowed for all or for one client,
+//! connections reset), a minority of the servers down at once, now and then a majority, and
+//! paused or killed clients (`redlock.rs`). Checked (`redlock_check.rs`):
+//! - quorum exclusion: no two owners both believed (`is_held()`) they held one RedLock at one
+//!   instant, except where a server both grants counted lost its data in between (a killed
+//!   server forgets its holds: the Redlock algorithm's own limit, counted apart and shown);
+//! - vector fencing: the store accepts a write unless its token is older (`is_older_than`)
+//!   than the merged latest; it never accepted a write older than one it accepted before;
+//!   every accepted token was its writer's grant's; a grant that began after another's reply
+//!   is newer on every server they share; no server handed one token to two grants;
+//! - no grant while a majority of the servers was down (such calls fail with
+//!   `QuorumUnreachable` or come back empty);
+//! - cleanup on every server, as above;
+//! - liveness, mild: no call under way 10 s with no fault in effect or healed in the last 5 s,
+//!   none still waiting at the stop.
+//!
 //! How a client works is in `worker.rs`, the faults in `orchestrator.rs`, and why each check
 //! is sound in `checker.rs`.
 #![forbid(unsafe_code)]
@@ -49,6 +69,9 @@ mod clock;
 mod history;
 mod observer;
 mod orchestrator;
+mod redlock;
+mod redlock_check;
+mod redlock_worker;
 mod rng;
 mod run;
 mod store;
@@ -136,6 +159,10 @@ enum Cmd {
         /// Count re-entries into orphaned holds without failing (a known library bug).
         #[arg(long)]
         tolerate_orphaned_reentry: bool,
+        /// RedLock mode: N independent Redis servers (3 or more), every op on a quorum lock
+        /// over them (`--resources` of them, `rl-<i>`); the other kinds' options are unused.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(3..))]
+        redlock: Option<u32>,
     },
     /// Check a recorded history again (a directory written by `run`).
     Check { dir: PathBuf },
@@ -184,6 +211,33 @@ enum Cmd {
         #[arg(long)]
         cut_in_line: bool,
     },
+    /// One client process of a RedLock run (started by `run --redlock`).
+    #[command(hide = true)]
+    RedlockClient {
+        /// This client's proxy to each server, comma-separated, by server number.
+        #[arg(long)]
+        urls: String,
+        #[arg(long)]
+        prefix: String,
+        #[arg(long)]
+        client: u32,
+        #[arg(long)]
+        gen: u32,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        seed: u64,
+        #[arg(long)]
+        tasks: u32,
+        #[arg(long)]
+        resources: u32,
+        #[arg(long)]
+        lease_ms: u64,
+        #[arg(long)]
+        command_timeout_ms: u64,
+        #[arg(long)]
+        ignore_lease: bool,
+    },
 }
 
 /// `120s`, `2m`, `500ms`, or plain seconds.
@@ -229,6 +283,7 @@ fn main() -> ExitCode {
             ignore_lease,
             cut_in_line,
             tolerate_orphaned_reentry,
+            redlock,
         } => {
             let config = run::RunConfig {
                 duration,
@@ -248,6 +303,7 @@ fn main() -> ExitCode {
                 ignore_lease,
                 cut_in_line,
                 tolerate_orphaned_reentry,
+                redlock: redlock.unwrap_or(0),
             };
             orchestrator::main(config, out, keep)
         }
@@ -297,6 +353,32 @@ fn main() -> ExitCode {
             command_timeout: Duration::from_millis(command_timeout_ms),
             ignore_lease,
             cut_in_line,
+        })
+        .map(|()| true),
+        Cmd::RedlockClient {
+            urls,
+            prefix,
+            client,
+            gen,
+            dir,
+            seed,
+            tasks,
+            resources,
+            lease_ms,
+            command_timeout_ms,
+            ignore_lease,
+        } => redlock_worker::main(redlock_worker::QWorkerConfig {
+            urls: urls.split(',').map(str::to_string).collect(),
+            prefix,
+            client,
+            gen,
+            dir,
+            seed,
+            tasks,
+            resources,
+            lease: Duration::from_millis(lease_ms),
+            command_timeout: Duration::from_millis(command_timeout_ms),
+            ignore_lease,
         })
         .map(|()| true),
     };

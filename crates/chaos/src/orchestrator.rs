@@ -186,6 +186,9 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> {
+    if config.redlock > 0 {
+        return crate::redlock::run(config, dir).await;
+    }
     println!(
         "leasehold chaos: {} clients x {} tasks on {} locks, {} fair locks ({} % of the ops), \
          {} read/write locks ({} %) and {} semaphores of {} permits ({} %) for {:?}, seed {} \

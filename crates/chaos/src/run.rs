@@ -50,6 +50,10 @@ pub struct RunConfig {
     /// checker must report grants past waiters.
     #[serde(default)]
     pub cut_in_line: bool,
+    /// RedLock mode (`--redlock N`): N independent servers, and every op on a
+    /// [`leasehold::RedLock`] quorum lock over them (`redlock.rs`); 0: the one-server run.
+    #[serde(default)]
+    pub redlock: u32,
     /// Report orphaned re-entries without failing the run (for investigating that class of
     /// bug, see `checker::orphan_check`; no test sets it).
     #[serde(default)]
