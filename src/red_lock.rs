@@ -471,7 +471,12 @@ impl QuorumLock {
             let explicit = lease.is_some();
             let lease = match lease {
                 Some(lease) => Lease::new(lease).expect("checked by the caller"),
-                None => self.locks[members[0].0].client().holds.lease(),
+                // Watched: the shortest watchdog lease among the members' clients.
+                None => members
+                    .iter()
+                    .map(|(server, _)| self.locks[*server].client().holds.lease())
+                    .min_by_key(|lease| lease.duration())
+                    .expect("a quorum is at least one member"),
             };
             let valid_until = started + lease.duration().saturating_sub(lease.drift());
             if valid_until > Instant::now() {
