@@ -9,6 +9,7 @@ mod crash;
 mod handoff;
 mod placement;
 mod plot;
+mod red_lock;
 mod redis_stats;
 mod report;
 mod uncontended;
@@ -53,7 +54,7 @@ struct Args {
     #[arg(long)]
     no_pin: bool,
     /// Run only these scenarios (comma-separated: uncontended, handoff, handoff_per_process,
-    /// crash, watchdog).
+    /// crash, watchdog, red_lock).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(subcommand)]
@@ -184,6 +185,10 @@ fn main() -> anyhow::Result<()> {
                 )
                 .await?,
             );
+        }
+        if wanted("red_lock") {
+            // Five servers of its own: a quorum needs independent servers.
+            results.red_lock = Some(red_lock::run(plan.uncontended / 2).await?);
         }
         admin.flush().await?;
         anyhow::Ok(())

@@ -22,6 +22,7 @@ pub(crate) struct Results {
     pub(crate) handoff_per_process_polling_10ms: Option<Handoff>,
     pub(crate) crash_recovery: Option<CrashRecovery>,
     pub(crate) watchdog: Option<WatchdogRun>,
+    pub(crate) red_lock: Option<crate::red_lock::RedLockRun>,
 }
 
 impl Results {
@@ -57,6 +58,7 @@ impl Results {
             "handoff_per_process_polling_10ms": self.handoff_per_process_polling_10ms,
             "crash_recovery": self.crash_recovery,
             "watchdog": self.watchdog,
+            "red_lock": self.red_lock,
         })
     }
 }
@@ -135,6 +137,16 @@ pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement)
         println!(
             "{:<24} holds={} lease={:?}  round trips/tick={:.1}  cpu={:.1} ms/s  memory={:.0} bytes/hold",
             "watchdog", w.holds, w.lease, w.round_trips_per_tick, w.cpu_ms_per_sec, w.bytes_per_hold
+        );
+    }
+    if let Some(r) = &results.red_lock {
+        println!(
+            "{:<24} servers={}  pair p50: red_lock={:.0} us  raw={:.0} us  plain={:.0} us  ratio_to_raw={:.2}  ratio_to_plain={:.2}",
+            "red_lock", r.servers, r.red_lock_pair_p50_us, r.raw_pair_p50_us, r.plain_pair_p50_us, r.ratio_to_raw, r.ratio_to_plain
+        );
+        println!(
+            "{:<24} two contenders: red_lock={:.0} acq/s  plain={:.0} acq/s",
+            "red_lock_contended", r.red_lock_contended_per_sec, r.plain_contended_per_sec
         );
     }
 }
