@@ -149,3 +149,64 @@ fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
         "{stdout}"
     );
 }
+
+/// RedLock mode (issue 17): five servers, each killed and restarted, paused, partitioned and
+/// slowed, a minority or a majority of them down at once, clients paused and killed. First
+/// the self-test: clients that act as if their quorum never ended (they ignore `is_held()`)
+/// must be caught as two owners believing they held one RedLock at once. Then 15 seconds with
+/// honest clients: no violation. One after the other (about 30 s together).
+#[test]
+fn redlock_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
+    let started = Instant::now();
+    let (output, stdout) = chaos(&[
+        "--redlock",
+        "5",
+        "--duration",
+        "8s",
+        "--clients",
+        "3",
+        "--seed",
+        "3",
+        "--ignore-lease",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("result: FAIL"), "{stdout}");
+    assert!(
+        row(
+            &stdout,
+            "redlock exclusion: two owners believed they held one RedLock at once"
+        ) > 0,
+        "{stdout}"
+    );
+
+    let (output, stdout) = chaos(&[
+        "--redlock",
+        "5",
+        "--duration",
+        "15s",
+        "--clients",
+        "4",
+        "--seed",
+        "11",
+    ]);
+    assert!(
+        output.status.success(),
+        "the RedLock chaos run found violations or failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+    assert!(row(&stdout, "total ") > 50, "calls");
+    assert!(row(&stdout, "store writes:") > 20, "fenced writes");
+    let faults = stdout
+        .split("faults injected")
+        .nth(1)
+        .map(|rest| row(rest, "total"))
+        .expect("faults table");
+    assert!(faults >= 5, "only {faults} faults in 15 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+}
