@@ -61,6 +61,10 @@ pub enum QEvent {
         pid: u32,
         tasks: u32,
         client_ids: Vec<String>,
+        /// The server number of each of the RedLock's canonical indices in this process (by
+        /// its proxies' addresses: it differs between processes).
+        #[serde(default)]
+        canonical: Vec<u32>,
     },
     /// An acquire call starts (taken before the call).
     Begin {

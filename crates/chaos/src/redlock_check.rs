@@ -156,6 +156,7 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
     let mut ops: BTreeMap<(u32, u32, u64), Op> = BTreeMap::new();
     let mut drained_left = Vec::new();
     let mut torn = 0;
+    let mut orders: Vec<Vec<u32>> = Vec::new();
     for h in &histories {
         torn += h.torn_lines;
         for event in &h.events {
@@ -258,7 +259,11 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
                         ));
                     }
                 }
-                QEvent::Start { .. } => {}
+                QEvent::Start { canonical, .. } => {
+                    if !canonical.is_empty() && !orders.contains(canonical) {
+                        orders.push(canonical.clone());
+                    }
+                }
             }
         }
     }
@@ -351,6 +356,13 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
         &mut report,
         "grants by number of members",
         format!("{sizes:?}"),
+    );
+    // Each process's RedLock numbers the servers by the addresses it reaches them at (its own
+    // proxies): the tokens are recorded by the orchestrator's numbers, mapped in the client.
+    stat(
+        &mut report,
+        "distinct canonical server orders among the processes",
+        orders.len().to_string(),
     );
     if torn > 0 {
         stat(

@@ -169,6 +169,7 @@ async fn run(config: QWorkerConfig) -> anyhow::Result<()> {
         pid: std::process::id(),
         tasks: ctx.config.tasks,
         client_ids,
+        canonical: ctx.server_of.clone(),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let root = Rng::new(ctx.config.seed)
