@@ -71,57 +71,102 @@ pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_millis(100);
 /// out.
 #[derive(Clone)]
 pub struct RedLock {
-    /// In canonical order (by server address): a server's index names it in fencing tokens.
+    /// In canonical order (by server name): a server's index names it in fencing tokens.
     clients: Vec<LockClient>,
+    /// The servers' names, in the same order.
+    names: Vec<String>,
     server_timeout: Duration,
 }
 
 impl fmt::Debug for RedLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedLock")
-            .field("servers", &self.clients.len())
+            .field("servers", &self.names)
             .field("quorum", &self.quorum())
             .field("server_timeout", &self.server_timeout)
             .finish()
     }
 }
 
-/// The server a client talks to, as every process names it alike.
-fn server_of(client: &LockClient) -> String {
+/// The server a client talks to, as configured: `host:port` (no credentials).
+fn address_of(client: &LockClient) -> String {
     use fred::interfaces::ClientLike;
-    format!("{:?}", client.redis().client_config().server)
+    use fred::types::config::ServerConfig;
+    match &client.redis().client_config().server {
+        ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
+        other => format!("{other:?}"),
+    }
 }
 
 impl RedLock {
-    /// A quorum lock over the servers of `clients`, one client per independent server.
+    /// A quorum lock over the servers of `clients`, one client per independent server, each
+    /// server named by its address as configured (`host:port`).
     ///
-    /// The servers are numbered by address, whatever order they are listed in, so every process
-    /// that lists the same servers numbers them alike (the numbers name the servers in a
-    /// [`QuorumToken`]).
+    /// The servers are numbered by name, whatever order they are listed in, and the numbers
+    /// name the servers in a [`QuorumToken`]. So every process must reach each server under
+    /// the same address; where processes use different addresses for one server (different
+    /// DNS names, a proxy per process), name the servers with [`RedLock::named`] instead.
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] for no clients, or two clients of the same server (its
     /// vote would count twice).
     pub fn new(clients: impl IntoIterator<Item = LockClient>) -> Result<RedLock> {
-        let mut keyed: Vec<(String, LockClient)> = clients
+        RedLock::named(clients.into_iter().map(|c| (address_of(&c), c)))
+    }
+
+    /// A quorum lock over named servers: `(name, client)` pairs, one per independent server.
+    /// The servers are numbered by name (the numbers name them in a [`QuorumToken`]), so every
+    /// process that names the servers alike numbers them alike, whatever addresses it reaches
+    /// them by.
+    ///
+    /// ```no_run
+    /// # async fn run() -> leasehold::Result<()> {
+    /// use leasehold::{LockClient, RedLock};
+    /// let servers = RedLock::named([
+    ///     ("a", LockClient::connect("redis://10.0.0.1:6379").await?),
+    ///     ("b", LockClient::connect("redis://10.0.1.1:6379").await?),
+    ///     ("c", LockClient::connect("redis://10.0.2.1:6379").await?),
+    /// ])?;
+    /// assert_eq!(servers.server_names(), ["a", "b", "c"]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for no servers, one name twice, or two clients of the
+    /// same address (its vote would count twice).
+    pub fn named<N: Into<String>>(
+        servers: impl IntoIterator<Item = (N, LockClient)>,
+    ) -> Result<RedLock> {
+        let mut named: Vec<(String, LockClient)> = servers
             .into_iter()
-            .map(|client| (server_of(&client), client))
+            .map(|(name, client)| (name.into(), client))
             .collect();
-        if keyed.is_empty() {
+        if named.is_empty() {
             return Err(LockError::InvalidArgument(
                 "a RedLock needs at least one server".into(),
             ));
         }
-        keyed.sort_by(|a, b| a.0.cmp(&b.0));
-        if let Some(pair) = keyed.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(pair) = named.windows(2).find(|pair| pair[0].0 == pair[1].0) {
             return Err(LockError::InvalidArgument(format!(
-                "two clients of one RedLock talk to the same server {}: its vote would count \
-                 twice (a RedLock needs independent servers)",
+                "two servers of one RedLock are named {:?}: a RedLock needs independent \
+                 servers, each named once",
                 pair[0].0
             )));
         }
+        let mut addresses: Vec<String> = named.iter().map(|(_, c)| address_of(c)).collect();
+        addresses.sort();
+        if let Some(pair) = addresses.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(LockError::InvalidArgument(format!(
+                "two clients of one RedLock talk to the same server {}: its vote would count \
+                 twice (a RedLock needs independent servers)",
+                pair[0]
+            )));
+        }
+        let (names, clients) = named.into_iter().unzip();
         Ok(RedLock {
-            clients: keyed.into_iter().map(|(_, client)| client).collect(),
+            clients,
+            names,
             server_timeout: DEFAULT_SERVER_TIMEOUT,
         })
     }
@@ -145,6 +190,11 @@ impl RedLock {
     /// How many servers must grant: N/2+1.
     pub fn quorum(&self) -> usize {
         self.clients.len() / 2 + 1
+    }
+
+    /// The servers' names, in canonical order: index `i` is server `i` of a [`QuorumToken`].
+    pub fn server_names(&self) -> &[String] {
+        &self.names
     }
 
     /// The clients, in canonical order: index `i` is server `i` of a [`QuorumToken`].
@@ -420,9 +470,10 @@ impl QuorumLock {
             .iter()
             .enumerate()
             .map(|(server, lock)| async move {
+                // Boxed: an acquire future is large, and the set moves its futures around.
                 let tried = tokio::time::timeout(
                     self.server_timeout,
-                    lock.acquire_tried(Some(Duration::ZERO), lease),
+                    Box::pin(lock.acquire_tried(Some(Duration::ZERO), lease)),
                 )
                 .await
                 .unwrap_or(Err(LockError::Timeout));
@@ -509,7 +560,7 @@ impl QuorumLock {
     /// answer in time is released in the background when its guard drops).
     async fn release<'a>(&self, members: impl Iterator<Item = LockGuard<'a>>) -> Vec<Result<()>> {
         let releases = members.map(|guard| async move {
-            tokio::time::timeout(self.server_timeout, guard.unlock())
+            tokio::time::timeout(self.server_timeout, Box::pin(guard.unlock()))
                 .await
                 .unwrap_or(Err(LockError::Timeout))
         });

@@ -442,3 +442,57 @@ async fn tokens_of_quorums_sharing_one_server_are_ordered() {
     spawned[0].resume().unwrap();
     spawned[1].resume().unwrap();
 }
+
+/// Processes that reach the servers by different addresses (here: one through proxies) number
+/// them alike when they name them, so their tokens compare server by server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_servers_number_alike_whatever_the_address() {
+    let spawned = servers(3);
+    let names = ["a", "b", "c"];
+    let lease = Duration::from_secs(10);
+    let direct = clients_of(
+        &spawned.iter().map(RedisServer::url).collect::<Vec<_>>(),
+        lease,
+    )
+    .await;
+    let mut proxies = Vec::new();
+    for s in &spawned {
+        proxies.push(Proxy::start(s.addr()).await.unwrap());
+    }
+    // Listed in another order too: the names decide.
+    let proxied = clients_of(
+        &proxies.iter().rev().map(Proxy::url).collect::<Vec<_>>(),
+        lease,
+    )
+    .await;
+    let one = RedLock::named(names.into_iter().zip(direct)).unwrap();
+    let two = RedLock::named(names.into_iter().rev().zip(proxied)).unwrap();
+    assert_eq!(one.server_names(), names);
+    assert_eq!(two.server_names(), names);
+
+    let (lock_one, lock_two) = (one.lock("n").unwrap(), two.lock("n").unwrap());
+    let first = lock_one.try_lock().await.unwrap().expect("free");
+    let first_token = first.fencing_token();
+    first.unlock().await.unwrap();
+    let second = lock_two.try_lock().await.unwrap().expect("free");
+    let second_token = second.fencing_token();
+    second.unlock().await.unwrap();
+    for i in 0..3 {
+        assert!(
+            first_token.get(i).unwrap() < second_token.get(i).unwrap(),
+            "server {i}"
+        );
+    }
+    assert!(first_token.is_older_than(&second_token));
+
+    let urls: Vec<String> = spawned.iter().map(RedisServer::url).collect();
+    let twice = clients_of(&urls, lease).await;
+    assert!(matches!(
+        RedLock::named([("a", twice[0].clone()), ("a", twice[1].clone())]),
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        RedLock::named([("a", twice[0].clone()), ("b", twice[0].clone())]),
+        Err(LockError::InvalidArgument(_))
+    ));
+}
