@@ -56,6 +56,8 @@
 //!   is newer on every server they share; no server handed one token to two grants;
 //! - no grant while a majority of the servers was down (such calls fail with
 //!   `QuorumUnreachable` or come back empty);
+//! - every process numbers the servers alike (`RedLock::named`), although each reaches them at
+//!   addresses of its own;
 //! - cleanup on every server, as above;
 //! - liveness, mild: no call under way 10 s with no fault in effect or healed in the last 5 s,
 //!   none still waiting at the stop.

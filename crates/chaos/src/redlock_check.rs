@@ -75,6 +75,7 @@ pub const Q_FENCE_UNKNOWN: &str = "redlock fence: accepted writes whose token no
 pub const Q_FENCE_ORDER: &str =
     "redlock fence: later grant not newer on a shared server (real-time order)";
 pub const Q_FENCE_REUSED: &str = "redlock fence: one server's token handed to two grants";
+pub const Q_SERVER_ORDER: &str = "redlock: server orders (distinct) other than the names give";
 pub const Q_NO_QUORUM_GRANT: &str = "redlock: grants while a majority of servers was down";
 pub const Q_CRASHED: &str = "cleanup: clients that crashed or did not drain";
 pub const Q_DRAINED_LEFT: &str = "cleanup: waiters, subscriptions or holds left in drained clients";
@@ -357,13 +358,16 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
         "grants by number of members",
         format!("{sizes:?}"),
     );
-    // Each process's RedLock numbers the servers by the addresses it reaches them at (its own
-    // proxies): the tokens are recorded by the orchestrator's numbers, mapped in the client.
-    stat(
-        &mut report,
-        "distinct canonical server orders among the processes",
-        orders.len().to_string(),
-    );
+    // Each process reaches the servers at addresses of its own (its proxies) and names them
+    // by the orchestrator's numbers (RedLock::named): every process must number them alike,
+    // the orchestrator's way, or its tokens would name other servers than another's.
+    let misordered = orders
+        .iter()
+        .filter(|order| order.iter().enumerate().any(|(i, s)| *s as usize != i))
+        .count();
+    report
+        .checks
+        .push(CheckLine::must_be_zero(Q_SERVER_ORDER, misordered));
     if torn > 0 {
         stat(
             &mut report,

@@ -139,9 +139,17 @@ async fn run(config: QWorkerConfig) -> anyhow::Result<()> {
     for url in &config.urls {
         clients.push(connect(&config, url).await?);
     }
-    let red = RedLock::new(clients.clone())?;
-    // Matched by client id (a uuid per client, kept by clones): the RedLock's canonical order
-    // follows this process's proxy addresses.
+    // Each process reaches the servers through proxies of its own, so the servers are named
+    // (by the orchestrator's number, zero-padded so that name order is number order): every
+    // process then numbers them alike, as RedLock::named promises.
+    let red = RedLock::named(
+        clients
+            .iter()
+            .enumerate()
+            .map(|(i, client)| (format!("server-{i:03}"), client.clone())),
+    )?;
+    // Matched by client id (a uuid per client, kept by clones); with the names above this is
+    // the identity, and the report checks that every process had one order.
     let server_of = red
         .clients()
         .iter()
