@@ -16,9 +16,10 @@
 //! A wait repeats rounds: each server's release channel is subscribed (through that client's
 //! release notifier, as any waiter of the plain lock is), and the waiter sleeps until a release
 //! message from any server, or until the shortest remaining lease among the busy servers (a
-//! holder that crashed publishes nothing). A round that took some servers but not a quorum
-//! (two contenders split the votes) sleeps a random time before the next round, so that the
-//! contenders do not split again in step.
+//! holder that crashed publishes nothing), when a quorum of servers answered busy (someone may
+//! hold the lock). Busy on fewer than a quorum means nobody holds it: the votes split between
+//! contenders, and the round sleeps a random time before the next one, so that the contenders
+//! do not split again in step.
 //!
 //! Each member is an ordinary hold of its client: renewed by that client's watchdog, fenced by
 //! that server's counter, lost when that server says so. The quorum guard is held while a
@@ -245,8 +246,8 @@ impl fmt::Debug for QuorumLock {
 struct Refused {
     /// How long the lock stays busy at most, on the busy server that frees first.
     busy_for: Option<Duration>,
-    /// Some servers granted, but not a quorum (or a quorum with no validity left).
-    split: bool,
+    /// The servers that answered busy.
+    busy: Vec<usize>,
     /// How long the round took.
     took: Duration,
     /// How many servers answered (granted or busy).
@@ -393,26 +394,31 @@ impl QuorumLock {
                 continue;
             }
             let reachable = refused.answered >= self.quorum();
-            let sleep = if refused.split {
-                // Contenders that split the votes must not meet again in step.
-                jitter(refused.took)
-            } else if !reachable {
+            // Busy on a quorum: someone may hold the lock, so wait for its release. Busy on
+            // fewer: nobody holds a quorum, the votes split between contenders (or a quorum
+            // came too late), and they must not meet again in step.
+            let held = refused.busy.len() >= self.quorum();
+            let sleep = if !reachable {
                 let pause = backoff;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 pause
-            } else {
+            } else if held {
                 backoff = Duration::from_millis(10);
                 // +1 ms: PTTL rounds down. No bound known: look again every second.
                 refused
                     .busy_for
                     .map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1))
+            } else {
+                jitter(refused.took)
             };
             let wake_at =
                 deadline.map_or(Instant::now() + sleep, |d| d.min(Instant::now() + sleep));
-            if refused.split || !reachable {
+            if !(reachable && held) {
                 tokio::time::sleep_until(wake_at).await;
             } else {
-                let woken = places.iter().map(|place| Box::pin(place.woken()));
+                // Only the busy servers' messages: the others carry this waiter's own releases
+                // of what it took (waking on them would retry at once, again and again).
+                let woken = refused.busy.iter().map(|&i| Box::pin(places[i].woken()));
                 tokio::select! {
                     _ = futures::future::select_all(woken) => {}
                     _ = tokio::time::sleep_until(wake_at) => {}
@@ -481,7 +487,7 @@ impl QuorumLock {
             })
             .collect();
         let mut members: Vec<(usize, LockGuard<'_>)> = Vec::with_capacity(self.locks.len());
-        let (mut busy, mut busy_for, mut last_error) = (0, None::<Duration>, None);
+        let (mut busy, mut busy_for, mut last_error) = (Vec::new(), None::<Duration>, None);
         // Once a quorum granted: the others may answer until then.
         let mut stragglers_until = None;
         loop {
@@ -496,7 +502,7 @@ impl QuorumLock {
             match tried {
                 Ok(Tried::Granted(guard)) => members.push((server, guard)),
                 Ok(Tried::Busy(for_at_most)) => {
-                    busy += 1;
+                    busy.push(server);
                     if let Some(t) = for_at_most {
                         busy_for = Some(busy_for.map_or(t, |b: Duration| b.min(t)));
                     }
@@ -517,7 +523,7 @@ impl QuorumLock {
         // Tries still in flight are undone in the background (the plain lock's cancel safety).
         drop(tries);
         let took = started.elapsed();
-        let answered = members.len() + busy;
+        let answered = members.len() + busy.len();
         if members.len() >= quorum {
             let explicit = lease.is_some();
             let lease = match lease {
@@ -544,12 +550,11 @@ impl QuorumLock {
                 "a quorum granted with no validity left; releasing it"
             );
         }
-        let split = !members.is_empty();
         self.release(members.into_iter().map(|(_, guard)| guard))
             .await;
         Err(Refused {
             busy_for,
-            split,
+            busy,
             took,
             answered,
             last_error,

@@ -496,3 +496,59 @@ async fn named_servers_number_alike_whatever_the_address() {
         Err(LockError::InvalidArgument(_))
     ));
 }
+
+/// A waiter does not poll a lock held by a bare quorum. The holder got three of five servers
+/// (two were paused), so the waiter's rounds take the other two and find three busy: it must
+/// wait for the release (or the lease), not retry as if the votes had split.
+///
+/// Failed before the fix (1,330 tries in the second): every round that took any server counted
+/// as a split vote and retried after a random pause of about a round; and with that fixed, the
+/// waiter still woke on the release messages of its own partial grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_does_not_poll_a_lock_held_by_a_bare_quorum() {
+    let lease = Duration::from_secs(30);
+    let spawned = servers(5);
+    let holder = red_lock(&spawned, lease, Duration::from_millis(300)).await;
+    let waiter = red_lock(&spawned, lease, Duration::from_millis(300)).await;
+    let spawned = in_canonical_order(&holder, spawned);
+    spawned[3].pause().unwrap();
+    spawned[4].pause().unwrap();
+    let held = holder.lock("bare").unwrap();
+    let guard = held.try_lock().await.unwrap().expect("0, 1, 2");
+    spawned[3].resume().unwrap();
+    spawned[4].resume().unwrap();
+    // The holder's late tries on 3 and 4 are undone; then only the quorum holds it.
+    assert!(
+        eventually(Duration::from_secs(15), || lock_keys(&spawned[3])
+            .is_empty()
+            && lock_keys(&spawned[4]).is_empty())
+        .await
+    );
+
+    let wanted = waiter.lock("bare").unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = wanted.lock().await.unwrap();
+        guard.unlock().await.unwrap();
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || waiter
+            .clients()
+            .iter()
+            .all(|c| c.subscribed_channels() == 1))
+        .await
+    );
+    let calls = |s: &RedisServer| s.command_calls("evalsha").unwrap();
+    let before = calls(&spawned[3]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tries = calls(&spawned[3]) - before;
+    // Waiting on the message and the 30 s lease: no try at all. Polling: hundreds.
+    assert!(
+        tries <= 5,
+        "{tries} tries on a free server in 1 s while waiting"
+    );
+    guard.unlock().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("woken by the release")
+        .unwrap();
+}
