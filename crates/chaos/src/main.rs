@@ -60,7 +60,9 @@
 //!   addresses of its own;
 //! - cleanup on every server, as above;
 //! - liveness, mild: no call under way 10 s with no fault in effect or healed in the last 5 s,
-//!   none still waiting at the stop.
+//!   none still waiting at the stop; no polling: the servers' script calls per call and
+//!   server stay under 25 (5.3 on a 30 s run; 52.2 with the bare-quorum polling bug of the
+//!   first RedLock version).
 //!
 //! How a client works is in `worker.rs`, the faults in `orchestrator.rs`, and why each check
 //! is sound in `checker.rs`.

@@ -274,6 +274,10 @@ pub struct QCleanup {
     /// Fencing counters (kept by design), on all servers.
     pub fence_keys: usize,
     pub expiry_wait_ms: u64,
+    /// Script calls (EVALSHA) each server counted since its last start: tries, releases and
+    /// renewals. A restart resets a server's count, so the sum is a lower bound.
+    #[serde(default)]
+    pub server_script_calls: Vec<u64>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
@@ -794,6 +798,12 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<QCleanup> {
         sleep(Duration::from_millis(50)).await;
     }
     cleanup.expiry_wait_ms = exited.elapsed().as_millis() as u64;
+    for server in &env.servers {
+        let redis = server.clone();
+        cleanup
+            .server_script_calls
+            .push(blocking(move || redis.command_calls("evalsha")).await??);
+    }
     Ok(cleanup)
 }
 

@@ -82,8 +82,13 @@ pub const Q_DRAINED_LEFT: &str = "cleanup: waiters, subscriptions or holds left 
 pub const Q_CHANNELS_LEFT: &str = "cleanup: release channels still subscribed (all servers)";
 pub const Q_KEYS_NO_TTL: &str = "cleanup: keys without a TTL (all servers)";
 pub const Q_KEYS_LEFT: &str = "cleanup: keys left once every lease ran out (all servers)";
+pub const Q_POLLING: &str =
+    "liveness: waiters polling (server script calls per call and server above the bound)";
 pub const Q_STALL: &str = "liveness: calls under way 10 s with every server healthy, no fault";
 pub const Q_ABANDONED: &str = "liveness: waiters still waiting at the stop";
+
+/// Script calls per call and server above which the waiters poll (see the check).
+pub const POLLING_BOUND: f64 = 25.0;
 
 /// How long a call may be under way with no fault in effect nor recently healed.
 pub const STALL_BOUND_US: i64 = 10_000_000;
@@ -506,6 +511,24 @@ pub fn check(dir: &Path) -> anyhow::Result<Report> {
     );
 
     // (4) Liveness.
+    // No polling: a waiter tries again on a release message, when a busy server's lease could
+    // end, after a split vote's random pause, or with backoff while no quorum answers; each is
+    // a handful of rounds per call. A waiter that polls (retries every round trip while the
+    // lock is held) makes hundreds of rounds per call. Every round is one script call on each
+    // server; renewals add a few per held member and lease. The bound is loose on purpose: it
+    // separates the two classes, not two good implementations. Counted on the servers
+    // (restarts reset their counts, so the figure is a lower bound).
+    let script_calls: u64 = cleanup.server_script_calls.iter().sum();
+    let per_call = script_calls as f64 / (total[0].max(1) as f64 * f64::from(config.redlock));
+    stat(
+        &mut report,
+        "server script calls per call and server",
+        format!("{per_call:.1} (bound {POLLING_BOUND})"),
+    );
+    report.checks.push(CheckLine::must_be_zero(
+        Q_POLLING,
+        usize::from(per_call > POLLING_BOUND),
+    ));
     let (stalls, longest) = stalls(&ops, &faults, &mut samples);
     report.checks.push(CheckLine::must_be_zero(Q_STALL, stalls));
     let abandoned: Vec<&Op> = ops.iter().filter(|o| o.abandoned).collect();
