@@ -6,7 +6,10 @@ use leasehold_model::check::check;
 use leasehold_model::{Config, Variant};
 
 #[derive(Parser)]
-#[command(about = "Model checker of leasehold's waiting protocol over the shipped Lua scripts")]
+#[command(
+    about = "Model checker of leasehold's waiting protocol over the shipped Lua scripts",
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
