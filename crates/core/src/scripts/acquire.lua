@@ -101,7 +101,13 @@ if fresh then
       end
       return queued
     end
-    if redis.call('EXISTS', KEYS[3]) == 1 then
+    -- PTTL, not EXISTS: a queue the ZADD above created has no TTL yet, and must expire like
+    -- one a busy try creates, or a crash of this client would leave it forever.
+    local queue_ttl = redis.call('PTTL', KEYS[3])
+    if queue_ttl ~= -2 then
+      if queue_ttl == -1 then
+        redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[2]) + 10000)
+      end
       redis.call('PUBLISH', ARGV[6], '@TAKEN@' .. ARGV[2])
     end
   end
