@@ -1577,3 +1577,43 @@ async fn defect21_joined_acquires_of_one_owner_on_a_fair_lock_do_not_sleep_on_ea
         );
     }
 }
+
+/// Defect 22 (found by the model checker, `crates/model`): a waiter that got the lock with
+/// more waiters of its client behind it puts its client at the back of the turn queue with
+/// ZADD. When that ZADD created the queue (nobody else was queued), the queue had no TTL, so a
+/// crash of that client left the queue and its entry in Redis until the next release of the
+/// name, which may never come.
+///
+/// Failed before the fix: the queue's PTTL was -1 (no TTL).
+#[tokio::test]
+async fn defect22_a_turn_queue_made_by_a_waiters_grant_expires() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("stock:queue-ttl").unwrap();
+    let keys = lock.keys();
+    let lease = leasehold::Lease::new(Duration::from_secs(5)).unwrap();
+    let waiter = leasehold_core::commands::Waiter {
+        client: "crashing-client",
+        more: true,
+    };
+    let owner = client.new_owner();
+    leasehold_core::commands::acquire(
+        client.redis(),
+        &common::scripts(),
+        keys,
+        &owner,
+        lease,
+        leasehold_core::commands::AcquireMode::Waiter(waiter),
+    )
+    .await
+    .unwrap();
+    assert!(
+        exists(&redis, keys.queue()),
+        "the client queued behind itself"
+    );
+    let ttl = pttl(&redis, keys.queue());
+    assert!(
+        ttl > 0 && ttl <= 5_000 + 10_000,
+        "the queue expires like one a busy try makes: PTTL {ttl}"
+    );
+}
