@@ -13,6 +13,12 @@
 //!   awaited with [`ChildProcess::wait_for_line`]; SIGKILLed and reaped on drop.
 //! * [`Proxy`]: a loopback TCP proxy (needs a tokio runtime) with latency, partitions,
 //!   closing all connections and dropping replies.
+//! * [`RedisCluster`]: a real multi-node Redis Cluster (3 primaries with a replica each by
+//!   default) with per-node faults, `CLUSTER FAILOVER` of a primary and the migration of one
+//!   slot (with its keys) between primaries while clients run.
+//! * [`SentinelSet`]: a primary, two replicas and three Sentinels (quorum 2) that replace a
+//!   killed primary within seconds; [`SentinelSet::sentinel_hosts`] is what a Sentinel client
+//!   connects to.
 //! * [`resp`]: the minimal blocking RESP2 client the kit uses (no `fred` dependency).
 //!
 //! `redis-server` comes from `PATH` or from `$LEASEHOLD_REDIS_SERVER`; if missing, starting
@@ -40,19 +46,23 @@
 #[cfg(not(unix))]
 compile_error!("leasehold-testkit supports Unix only");
 
+mod cluster;
 mod doc;
 mod error;
 mod process;
 mod proxy;
 pub mod resp;
+mod sentinel;
 mod server;
 mod spawn;
 mod target;
 
+pub use cluster::{parse_cluster_nodes, ClusterNodeInfo, RedisCluster, CLUSTER_SLOTS};
 pub use doc::with_redis;
 pub use error::{Result, TestkitError};
 pub use process::ChildProcess;
 pub use proxy::Proxy;
 pub use resp::RespValue;
+pub use sentinel::{Sentinel, SentinelSet, SENTINEL_SERVICE};
 pub use server::{RedisServer, RedisServerBuilder, REDIS_SERVER_ENV};
 pub use target::{redis_for_tests, RedisTarget, TestRedis, REDIS_URL_ENV};
