@@ -29,6 +29,10 @@ const NODE_TIMEOUT_MS: u64 = 2000;
 const FORM_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a failover or a slot migration may take to settle on every node.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long one `CLUSTER FAILOVER` may take before it is asked again (Redis's own manual
+/// failover timeout is 5 s), and how often.
+const MANUAL_FAILOVER_WAIT: Duration = Duration::from_secs(7);
+const FAILOVER_ATTEMPTS: usize = 3;
 /// How often the kit tries a fresh port pair for a node before giving up.
 const NODE_START_ATTEMPTS: usize = 20;
 /// Keys moved per `MIGRATE` call.
@@ -330,8 +334,9 @@ impl RedisCluster {
 
     /// Fails over primary `primary`: `CLUSTER FAILOVER` (a coordinated, lossless failover: the
     /// replica first catches up with the primary's replication offset) on its first replica,
-    /// then waits until that replica says `role:master`, the old primary says `role:slave`,
-    /// every reachable node agrees, and the cluster is ok. Returns the new primary's index.
+    /// then waits until that replica says `role:master` (asking again, up to 3 times, when a
+    /// manual failover times out), the old primary says `role:slave`, every reachable node
+    /// agrees, and the cluster is ok. Returns the new primary's index.
     pub fn failover(&self, primary: usize) -> Result<usize> {
         let replica = *self.replicas_of(primary)?.first().ok_or_else(|| {
             TestkitError::Unsupported(format!(
@@ -339,7 +344,32 @@ impl RedisCluster {
                 self.nodes[primary].port()
             ))
         })?;
-        self.nodes[replica].command(&["CLUSTER", "FAILOVER"])?;
+        // Redis gives a manual failover 5 s; on a loaded machine one right after the cluster
+        // formed was seen to time out ("Manual failover timed out") and then simply works
+        // when asked again.
+        let mut attempt = 1;
+        loop {
+            self.nodes[replica].command(&["CLUSTER", "FAILOVER"])?;
+            let promoted = self.wait_until(
+                &format!("node {} to say role:master", self.nodes[replica].port()),
+                MANUAL_FAILOVER_WAIT,
+                || {
+                    Ok(if role_of(&self.nodes[replica])? == "master" {
+                        Ok(())
+                    } else {
+                        Err("not yet".into())
+                    })
+                },
+            );
+            match promoted {
+                Ok(()) => break,
+                Err(e) if attempt >= FAILOVER_ATTEMPTS => return Err(e),
+                Err(_) => {
+                    tracing::debug!(attempt, "CLUSTER FAILOVER did not complete, asking again");
+                    attempt += 1;
+                }
+            }
+        }
         let (new_id, old_id) = (&self.ids[replica], &self.ids[primary]);
         self.wait_until(
             &format!(
