@@ -64,6 +64,7 @@ lint:
 # The chaos checker (~2 min): client processes, injected faults, a recorded history and a
 # checker; exit 1 on any violation. Pass e.g. `--seed 42` to replay a schedule, `--keep` to keep
 # the history. `just test` runs a 20-second version (crates/chaos/tests/chaos.rs).
+# `just chaos --redlock 5`: the RedLock mode (five servers, per-server faults; docs/red-lock.md).
 chaos *ARGS: setup
     cargo run --quiet --release -p leasehold-chaos -- run --duration 120s {{ARGS}}
 
