@@ -221,6 +221,31 @@ impl RedisCluster {
                 replica.command(&["CLUSTER", "REPLICATE", &self.ids[p]])?;
             }
         }
+        // Every node must know the replicas as replicas before the cluster is used: a primary
+        // that still takes a replica for a primary refuses it its vote ("it is a master node"),
+        // and a CLUSTER FAILOVER right after forming then times out.
+        self.wait_until("every node to see the replicas", FORM_TIMEOUT, || {
+            for node in &self.nodes {
+                let view = self.view(node)?;
+                for p in 0..primaries {
+                    for r in 0..replicas_each {
+                        let id = &self.ids[primaries + p * replicas_each + r];
+                        let seen = view.iter().find(|n| &n.id == id);
+                        let ok = seen.is_some_and(|n| {
+                            !n.is_primary() && n.primary_id.as_deref() == Some(self.ids[p].as_str())
+                        });
+                        if !ok {
+                            return Ok(Err(format!(
+                                "node {} does not see {id} as a replica of {}",
+                                node.port(),
+                                self.ids[p]
+                            )));
+                        }
+                    }
+                }
+            }
+            Ok(Ok(()))
+        })?;
         self.wait_healthy("the cluster to form", FORM_TIMEOUT)
     }
 
@@ -344,9 +369,8 @@ impl RedisCluster {
                 self.nodes[primary].port()
             ))
         })?;
-        // Redis gives a manual failover 5 s; on a loaded machine one right after the cluster
-        // formed was seen to time out ("Manual failover timed out") and then simply works
-        // when asked again.
+        // Redis gives a manual failover 5 s; should one time out (a primary refusing its vote),
+        // it is asked again.
         let mut attempt = 1;
         loop {
             self.nodes[replica].command(&["CLUSTER", "FAILOVER"])?;
