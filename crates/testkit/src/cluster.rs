@@ -445,76 +445,43 @@ impl RedisCluster {
     /// moved (after the `SETSLOT IMPORTING/MIGRATING` pair, before any key moves), so clients
     /// can be caught in the middle.
     pub fn migrate_slot_with(&self, slot: u16, to: usize, dwell: Duration) -> Result<usize> {
-        let from = self.owner_of_slot(slot)?;
-        if from == to {
+        if self.owner_of_slot(slot)? == to {
             return Ok(0);
         }
-        let (source, target) = (&self.nodes[from], &self.nodes[to]);
-        let (from_id, to_id) = (&self.ids[from], &self.ids[to]);
-        let slot_arg = slot.to_string();
-        target.command(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", from_id])?;
-        source.command(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", to_id])?;
+        let migration = self.begin_slot_migration(slot, to)?;
         thread::sleep(dwell);
-        let target_port = target.port().to_string();
-        let mut moved = 0;
-        loop {
-            let keys = source.command(&[
-                "CLUSTER",
-                "GETKEYSINSLOT",
-                &slot_arg,
-                &MIGRATE_BATCH.to_string(),
-            ])?;
-            let keys: Vec<String> = keys
-                .as_array()
-                .ok_or_else(|| TestkitError::Protocol(format!("GETKEYSINSLOT replied {keys:?}")))?
-                .iter()
-                .filter_map(RespValue::as_str)
-                .collect();
-            if keys.is_empty() {
-                break;
-            }
-            let mut args: Vec<&str> = vec!["MIGRATE", "127.0.0.1", &target_port, "", "0", "5000"];
-            args.push("KEYS");
-            args.extend(keys.iter().map(String::as_str));
-            source.command(&args).map_err(|e| {
-                TestkitError::Redis(format!(
-                    "MIGRATE of {} keys of slot {slot} from {} to {}: {e}",
-                    keys.len(),
-                    source.port(),
-                    target.port()
-                ))
-            })?;
-            moved += keys.len();
-        }
-        target.command(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", to_id])?;
-        source.command(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", to_id])?;
-        for p in self.primaries()? {
-            if p != from && p != to {
-                self.nodes[p].command(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", to_id])?;
-            }
-        }
-        self.wait_until(
-            &format!("slot {slot} to be served by {} everywhere", target.port()),
-            SETTLE_TIMEOUT,
-            || {
-                for (i, node) in self.nodes.iter().enumerate() {
-                    if !self.reachable(i) {
-                        continue;
-                    }
-                    let view = self.view(node)?;
-                    let owner = view.iter().find(|n| n.is_primary() && n.serves(slot));
-                    if owner.map(|n| n.id.as_str()) != Some(to_id.as_str()) {
-                        return Ok(Err(format!(
-                            "node {} says slot {slot} is on {:?}",
-                            node.port(),
-                            owner.map(|n| n.port)
-                        )));
-                    }
-                }
-                Ok(Ok(()))
-            },
-        )?;
+        let moved = migration.move_keys()?;
+        migration.finish()?;
         Ok(moved)
+    }
+
+    /// The first step of [`migrate_slot`](Self::migrate_slot), for tests that act between
+    /// the steps: `SETSLOT IMPORTING` on `to` and `SETSLOT MIGRATING` on the slot's owner.
+    /// Then [`SlotMigration::move_keys`] (after which a client asking the source for a moved
+    /// key gets `ASK`) and [`SlotMigration::finish`] (after which it gets `MOVED`).
+    pub fn begin_slot_migration(&self, slot: u16, to: usize) -> Result<SlotMigration<'_>> {
+        let from = self.owner_of_slot(slot)?;
+        if from == to {
+            return Err(TestkitError::Unsupported(format!(
+                "slot {slot} is on node {} already",
+                self.nodes[to].port()
+            )));
+        }
+        let slot_arg = slot.to_string();
+        self.nodes[to].command(&[
+            "CLUSTER",
+            "SETSLOT",
+            &slot_arg,
+            "IMPORTING",
+            &self.ids[from],
+        ])?;
+        self.nodes[from].command(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &self.ids[to]])?;
+        Ok(SlotMigration {
+            cluster: self,
+            slot,
+            from,
+            to,
+        })
     }
 
     /// Waits until every reachable node says `cluster_state:ok`, sees every slot served by a
@@ -619,6 +586,115 @@ impl RedisCluster {
             }
             thread::sleep(POLL);
         }
+    }
+}
+
+/// A slot half-way between two primaries, from [`RedisCluster::begin_slot_migration`].
+///
+/// Dropping it without [`finish`](Self::finish) leaves the slot importing/migrating.
+#[derive(Debug)]
+pub struct SlotMigration<'a> {
+    cluster: &'a RedisCluster,
+    slot: u16,
+    from: usize,
+    to: usize,
+}
+
+impl SlotMigration<'_> {
+    /// The slot being moved.
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+
+    /// The index of the primary the slot leaves.
+    pub fn source(&self) -> usize {
+        self.from
+    }
+
+    /// The index of the primary the slot goes to.
+    pub fn target(&self) -> usize {
+        self.to
+    }
+
+    /// `MIGRATE`s every key of the slot still on the source (listed by `CLUSTER
+    /// GETKEYSINSLOT`, in batches) to the target; an existing key at the target is an error,
+    /// not replaced. Returns how many keys moved. Can be called again for keys created since.
+    pub fn move_keys(&self) -> Result<usize> {
+        let (source, target) = (&self.cluster.nodes[self.from], &self.cluster.nodes[self.to]);
+        let slot_arg = self.slot.to_string();
+        let target_port = target.port().to_string();
+        let mut moved = 0;
+        loop {
+            let keys = source.command(&[
+                "CLUSTER",
+                "GETKEYSINSLOT",
+                &slot_arg,
+                &MIGRATE_BATCH.to_string(),
+            ])?;
+            let keys: Vec<String> = keys
+                .as_array()
+                .ok_or_else(|| TestkitError::Protocol(format!("GETKEYSINSLOT replied {keys:?}")))?
+                .iter()
+                .filter_map(RespValue::as_str)
+                .collect();
+            if keys.is_empty() {
+                return Ok(moved);
+            }
+            let mut args: Vec<&str> = vec!["MIGRATE", "127.0.0.1", &target_port, "", "0", "5000"];
+            args.push("KEYS");
+            args.extend(keys.iter().map(String::as_str));
+            source.command(&args).map_err(|e| {
+                TestkitError::Redis(format!(
+                    "MIGRATE of {} keys of slot {} from {} to {}: {e}",
+                    keys.len(),
+                    self.slot,
+                    source.port(),
+                    target.port()
+                ))
+            })?;
+            moved += keys.len();
+        }
+    }
+
+    /// Moves any keys left, then `SETSLOT NODE` on the target, the source and every other
+    /// primary, and waits until every reachable node says the target serves the slot.
+    pub fn finish(self) -> Result<()> {
+        self.move_keys()?;
+        let cluster = self.cluster;
+        let (slot, from, to) = (self.slot, self.from, self.to);
+        let to_id = &cluster.ids[to];
+        let slot_arg = slot.to_string();
+        cluster.nodes[to].command(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", to_id])?;
+        cluster.nodes[from].command(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", to_id])?;
+        for p in cluster.primaries()? {
+            if p != from && p != to {
+                cluster.nodes[p].command(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", to_id])?;
+            }
+        }
+        cluster.wait_until(
+            &format!(
+                "slot {slot} to be served by {} everywhere",
+                cluster.nodes[to].port()
+            ),
+            SETTLE_TIMEOUT,
+            || {
+                for (i, node) in cluster.nodes.iter().enumerate() {
+                    if !cluster.reachable(i) {
+                        continue;
+                    }
+                    let view = cluster.view(node)?;
+                    let owner = view.iter().find(|n| n.is_primary() && n.serves(slot));
+                    if owner.map(|n| n.id.as_str()) != Some(to_id.as_str()) {
+                        return Ok(Err(format!(
+                            "node {} says slot {slot} is on {:?}",
+                            node.port(),
+                            owner.map(|n| n.port)
+                        )));
+                    }
+                }
+                Ok(Ok(()))
+            },
+        )
     }
 }
 

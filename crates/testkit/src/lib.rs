@@ -57,7 +57,9 @@ mod server;
 mod spawn;
 mod target;
 
-pub use cluster::{parse_cluster_nodes, ClusterNodeInfo, RedisCluster, CLUSTER_SLOTS};
+pub use cluster::{
+    parse_cluster_nodes, ClusterNodeInfo, RedisCluster, SlotMigration, CLUSTER_SLOTS,
+};
 pub use doc::with_redis;
 pub use error::{Result, TestkitError};
 pub use process::ChildProcess;
