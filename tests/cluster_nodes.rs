@@ -5,9 +5,17 @@
 //! waited on (`ASK`, then `MOVED`), a primary fails over (`CLUSTER FAILOVER`), and a Sentinel
 //! client follows a killed primary to the promoted replica.
 //!
-//! Every test starts its own deployment: a cluster forms in about 1–2 s, the Sentinel set in
-//! about 1–3 s, and the Sentinel failover takes a few seconds more (1 s to notice, then the
-//! election). Each test takes roughly 4–12 s on a 2-core machine; the file about 30 s.
+//! Every test starts its own deployment: a cluster forms in about 2–2.5 s (6 processes, meet,
+//! replicas synced and known everywhere), the Sentinel set in about 2.3 s, and the Sentinel
+//! failover takes 2.3 s more (1 s to notice, then the election). Measured on the 2-core test
+//! machine: every_kind_on_three_primaries ≈ 6 s, primary_failover_while_held_and_waited
+//! ≈ 5 s, sentinel_failover_keeps_locks_usable ≈ 6 s; the file's passing tests about 12–18 s
+//! in all, the ignored ones (issue 16's findings, each with its reproduction in its doc) about
+//! 5 s each more with `--include-ignored`.
+//!
+//! Two work-arounds let these tests reach what they test; each has an ignored test showing
+//! the failure it avoids: scripts are loaded on every node (`start_cluster_with_scripts`),
+//! and cluster clients speak RESP3 (`cluster_client`).
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -59,14 +67,26 @@ async fn cluster_client(cluster: &RedisCluster) -> LockClient {
     cluster_client_over(cluster, RespVersion::RESP3).await
 }
 
+async fn cluster_client_with_lease(cluster: &RedisCluster, lease: Duration) -> LockClient {
+    cluster_client_built(cluster, RespVersion::RESP3, lease).await
+}
+
 async fn cluster_client_over(cluster: &RedisCluster, version: RespVersion) -> LockClient {
+    cluster_client_built(cluster, version, LEASE).await
+}
+
+async fn cluster_client_built(
+    cluster: &RedisCluster,
+    version: RespVersion,
+    lease: Duration,
+) -> LockClient {
     let config = Config {
         server: ServerConfig::new_clustered(cluster.seeds()),
         version,
         ..Config::default()
     };
     LockClient::builder_from_config(config)
-        .lease(LEASE)
+        .lease(lease)
         .build()
         .await
         .expect("connect to the cluster")
@@ -141,6 +161,82 @@ fn names_on_every_primary(
         }
     }
     found.into_iter().map(Option::unwrap).collect()
+}
+
+/// A lock's slot and another primary to move it to.
+fn slot_and_target(cluster: &RedisCluster, client: &LockClient, name: &str) -> (u16, usize) {
+    let slot = client.lock(name).unwrap().keys().slot();
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let to = *cluster
+        .primaries()
+        .unwrap()
+        .iter()
+        .find(|&&p| p != from)
+        .unwrap();
+    (slot, to)
+}
+
+/// After a slot moved, the first command of a client to it meets `MOVED`: it should be
+/// redirected. Here the holder's lease is long (no renewal in between), so its release is that
+/// first command.
+///
+/// Issue 16: it is not. The library builds fred with `max_command_attempts: 1` (no resend
+/// after a reconnect), and fred counts a redirection as an attempt: the release fails with
+/// `Connection("Too many failed write attempts.")` (fred resyncs its slot map, so the *next*
+/// command goes to the right node). Whether the lock is still held afterwards varies (the
+/// settle of the unanswered release may or may not have run). A renewal meeting `MOVED` fails
+/// the same way: `watchdog_stats().errors` goes up by one after every migration and failover
+/// in the tests below, which a 600 ms lease survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 16: a release meeting MOVED fails with Connection(Too many failed write attempts): fred counts the redirection against max_command_attempts = 1"]
+async fn a_release_meeting_moved_is_redirected() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let lock = a.lock("moved").unwrap();
+    let (slot, to) = slot_and_target(&cluster, &a, "moved");
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let moved = {
+        let cluster = cluster.clone();
+        blocking(move || cluster.migrate_slot(slot, to)).await
+    }
+    .unwrap();
+    assert!(moved >= 1);
+    let released = guard.unlock().await;
+    let after = lock.is_locked().await;
+    eprintln!("release meeting MOVED: {released:?}; is_locked after: {after:?}");
+    released.expect("the release follows MOVED");
+    assert!(!after.unwrap());
+}
+
+/// While a slot migrates, a command for a key already moved meets `ASK` at the source: it
+/// should be sent to the target with `ASKING`. The client must survive it either way.
+///
+/// Issue 16: the command fails with `Connection(Routing: "Max attempts reached.")` and fred's
+/// clustered client stops for good (its router task ends; the quit at drop logs "Attempted to
+/// quit client that was already stopped"): the release after the migration, and any other
+/// lock of that client, fail with `LockError::Timeout`. Same cause as above
+/// (`max_command_attempts: 1`), worse effect. Every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 16: a command meeting ASK mid-migration fails (Routing: Max attempts reached) and stops fred's clustered client for good: every later call times out"]
+async fn a_command_meeting_ask_is_redirected_and_the_client_survives() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let lock = a.lock("asked").unwrap();
+    let (slot, to) = slot_and_target(&cluster, &a, "asked");
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    assert!(migration.move_keys().unwrap() >= 1);
+    let during = lock.is_locked().await;
+    migration.finish().unwrap();
+    let released = guard.unlock().await;
+    let other = a.lock("elsewhere").unwrap();
+    let alive = other.try_lock().await.map(|g| g.is_some());
+    eprintln!(
+        "is_locked meeting ASK: {during:?}; release after: {released:?}; another lock: {alive:?}"
+    );
+    assert!(during.expect("is_locked follows ASK"));
+    released.expect("release after the migration");
+    assert!(alive.expect("the client still works"));
 }
 
 /// Issue 16: on a cluster of several primaries a lock whose slot is on a primary other than
@@ -369,9 +465,16 @@ async fn every_kind_on_three_primaries() {
 }
 
 /// A slot moves to another primary while a lock in it is held and another client waits on it.
-/// The migration dwells half-done for two leases (renewals meet `ASK`/`TRYAGAIN`), then the
-/// slot is on the target (`MOVED`): renewals and the release keep working, the waiter gets it.
+/// The migration dwells half-done for two leases, then the keys move and the slot is on the
+/// target (`MOVED`): renewals and the release keep working, the waiter gets it.
+///
+/// Issue 16: passes about 4 runs in 5. When a renewal lands in the few milliseconds between
+/// the `MIGRATE` and the `SETSLOT NODE`, it meets `ASK` and fred's client stops for good (see
+/// `a_command_meeting_ask_is_redirected_and_the_client_survives`): renewals stall, the hold
+/// is lost locally and the release fails with `LockError::Timeout`. Otherwise the one renewal
+/// meeting `MOVED` fails (`errors: 1`) and the next one, after fred's resync, succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 16: intermittent (about 1 run in 5): a renewal meeting ASK mid-migration stops fred's clustered client, then the release times out"]
 async fn slot_migration_while_held_and_waited() {
     let started = Instant::now();
     let cluster = start_cluster_with_scripts();
