@@ -28,11 +28,19 @@ pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(2);
 
 /// Loads every script at connect, so the first lock does not pay a NOSCRIPT round trip
 /// (reloading on NOSCRIPT stays in place for restarts and SCRIPT FLUSH).
+///
+/// On a cluster every primary needs them: SCRIPT LOAD reaches one node, so the scripts are
+/// loaded on each primary (`script_load_cluster`).
 async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
-    use fred::interfaces::LuaInterface;
-    let loads = scripts
-        .all()
-        .map(|script| redis.script_load::<String, _>(script.lua()));
+    use fred::interfaces::{ClientLike, LuaInterface};
+    let clustered = redis.is_clustered();
+    let loads = scripts.all().map(|script| async move {
+        if clustered {
+            redis.script_load_cluster::<(), _>(script.lua()).await
+        } else {
+            redis.script_load::<(), _>(script.lua()).await
+        }
+    });
     futures::future::try_join_all(loads)
         .await
         .map_err(LockError::from_redis)?;

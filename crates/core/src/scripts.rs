@@ -65,7 +65,15 @@ impl LuaScript {
         let (keys, args) = build();
         match client.evalsha(self.sha1.clone(), keys, args).await {
             Err(error) if classify(&error) == Class::NoScript => {
-                client.script_load::<(), _>(self.lua.as_str()).await?;
+                // On a cluster SCRIPT LOAD reaches one node: load on every primary (the one
+                // that answered NOSCRIPT may be any of them, or a replica just promoted).
+                if client.is_clustered() {
+                    client
+                        .script_load_cluster::<(), _>(self.lua.as_str())
+                        .await?;
+                } else {
+                    client.script_load::<(), _>(self.lua.as_str()).await?;
+                }
                 let (keys, args) = build();
                 client.evalsha(self.sha1.clone(), keys, args).await
             }

@@ -299,7 +299,14 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
 /// refusal of one channel among others of the same prefix would go unnoticed, but an ACL
 /// rule grants a prefix's channels together. Over RESP3 the shapes are the same, so only a
 /// refusal fred passes on is seen.)
+///
+/// On a cluster the shape tells nothing: fred's clustered subscriber may send the PING to
+/// another node than the SUBSCRIBE, whose connection has no subscription and answers the bare
+/// message. There the PING still passes on an error fred hands it, but a bare reply is not
+/// read as a refusal. (A refusal fred drops then goes unnoticed, as over RESP3: the waiter
+/// still wakes on its timer, the holder's remaining lease.)
 async fn confirm_subscribed(subscriber: &SubscriberClient) -> Result<(), LockError> {
+    let clustered = subscriber.is_clustered();
     match subscriber
         .ping::<fred::types::Value>(Some("leasehold".into()))
         .await
@@ -307,6 +314,7 @@ async fn confirm_subscribed(subscriber: &SubscriberClient) -> Result<(), LockErr
         Ok(fred::types::Value::Array(_)) => Ok(()),
         // (RESP3 answers PING alike with or without a subscription: nothing to tell there.)
         Ok(_) if subscriber.protocol_version() == fred::types::RespVersion::RESP3 => Ok(()),
+        Ok(_) if clustered => Ok(()),
         Ok(_) => Err(LockError::PermissionDenied(RedisError::connection(
             "NOPERM SUBSCRIBE was refused (the connection is not subscribed to the channel): \
              check the user's channel rule (&prefix:*)",
