@@ -12,6 +12,24 @@ pub enum Variant {
     /// The waiting engine without defect 2's fix, the local FIFO: every waiter of a client talks
     /// to Redis on its own, and a release message wakes all of them.
     PreF2Fix,
+    /// Fair lock mutant (not a past bug): `fair/acquire.lua` grants a free lock to whoever
+    /// tries, even when others are first in line (its grant condition always true).
+    FairLineJumped,
+    /// Fair lock mutant (not a past bug): the hand-on never drops dead entries (their deadline
+    /// is never reached), so a dead waiter keeps being handed turns.
+    FairNoDeadSkip,
+}
+
+/// Which kind of lock the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Kind {
+    /// The plain lock (`client.lock(name)`): `acquire.lua`, `release.lua`, a turn queue of
+    /// clients, each client's waiters in a local FIFO on the shared release channel.
+    Plain,
+    /// The fair lock (`client.fair_lock(name)`): `fair/acquire.lua`, `fair/release.lua`,
+    /// `fair/leave.lua`; every waiter has its own entry in the line (renewed by its client's
+    /// watchdog) and its own channel.
+    Fair,
 }
 
 /// The bounds of one check.
@@ -43,6 +61,8 @@ pub struct Config {
     pub renewals: u8,
     /// Which code runs.
     pub variant: Variant,
+    /// Which kind of lock.
+    pub kind: Kind,
 }
 
 impl Config {
@@ -62,6 +82,7 @@ impl Config {
             data_losses: 0,
             renewals: 0,
             variant,
+            kind: Kind::Plain,
         }
     }
 }

@@ -17,5 +17,5 @@ pub mod scripts;
 pub mod state;
 pub mod trace;
 
-pub use config::{Config, Variant};
+pub use config::{Config, Kind, Variant};
 pub use model::LockModel;

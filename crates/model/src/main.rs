@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use leasehold_model::check::check;
-use leasehold_model::{Config, Variant};
+use leasehold_model::{Config, Kind, Variant};
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +23,9 @@ enum Command {
 
 #[derive(clap::Args)]
 struct Bound {
+    /// Which kind of lock: the plain lock, or the fair lock (`client.fair_lock`).
+    #[arg(long, value_enum, default_value = "plain")]
+    kind: Kind,
     /// Which code to check.
     #[arg(long, value_enum, default_value = "shipped")]
     variant: Variant,
@@ -86,6 +89,7 @@ fn main() {
         data_losses: b.data_losses,
         renewals: b.renewals,
         variant: b.variant,
+        kind: b.kind,
     };
     println!("checking {config:?}");
     let outcome = check(config, b.threads, b.max_states);

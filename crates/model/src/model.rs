@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use leasehold_core::{LockKeys, Prefix};
 use stateright::{Model, Property};
 
-use crate::config::{Config, Variant};
+use crate::config::{Config, Kind, Variant};
 use crate::lua::{self, Ran};
 use crate::redis::{Call, Reply};
 use crate::scripts::ModelScripts;
@@ -51,6 +51,11 @@ pub enum Action {
     Cancel { client: u8, waiter: u8 },
     /// A cancelled client's background ZREM from the turn queue.
     LeaveQueue { client: u8 },
+    /// Fair lock: a cancelled waiter's background `fair/leave.lua`.
+    LeaveLine { client: u8, waiter: u8 },
+    /// Fair lock: the client's watchdog renews its waiters' entries that are due (renew.lua's
+    /// queue-entry items, one call).
+    RenewEntries { client: u8 },
     /// A client crashes: its holds and queue entry stay in Redis.
     Crash { client: u8 },
     /// A client's subscriber connection drops: undelivered messages are lost; on reconnect it
@@ -131,8 +136,36 @@ impl LockModel {
         format!("c{client}w{waiter}")
     }
 
+    /// Whether a client's waiters share one local FIFO (the plain lock). A fair lock's waiter
+    /// is a line of its own (`Line::Own`): every waiter is its line's head.
     fn fifo(&self) -> bool {
-        self.config.variant != Variant::PreF2Fix
+        self.config.variant != Variant::PreF2Fix && !self.fair()
+    }
+
+    /// Whether the model runs the fair lock.
+    pub fn fair(&self) -> bool {
+        self.config.kind == Kind::Fair
+    }
+
+    /// The watchdog's renewal period: a third of its lease.
+    fn renew_period(&self) -> u64 {
+        (self.config.lease_ms / 3).max(1)
+    }
+
+    /// The fair lock's keys in `fair/acquire.lua`'s order (the release and leave scripts take
+    /// the hash again in place of the fencing counter).
+    fn fair_keys(&self, fence: bool) -> Vec<String> {
+        vec![
+            self.keys.hash().into(),
+            if fence {
+                self.keys.fence()
+            } else {
+                self.keys.hash()
+            }
+            .into(),
+            self.keys.waiters(),
+            self.keys.waiters_until(),
+        ]
     }
 
     /// Whether this waiter talks to Redis now: the head of its local queue (or, without the
@@ -157,9 +190,20 @@ impl LockModel {
 
     /// Hands published messages to every live client subscribed to the release channel.
     fn publish(&self, s: &mut State, published: &[(String, String)]) {
+        let prefix = self.keys.waiter_channel_prefix();
         for (channel, payload) in published {
+            if let Some(owner) = channel.strip_prefix(prefix.as_str()) {
+                // A fair lock's waiter channel: only that waiter's client hears it, and only
+                // once that waiter subscribed.
+                let (client, waiter) = parse_owner(owner);
+                let c = &mut s.clients[client as usize];
+                if c.alive && c.waiters[waiter as usize].subscribed {
+                    c.inbox.push_back(Msg::FreeFor(waiter));
+                }
+                continue;
+            }
             if channel != self.keys.released() {
-                continue; // a fair lock's waiter channel: not modelled here
+                continue;
             }
             let msg = match payload.as_str() {
                 "*" => Msg::Free,
@@ -248,6 +292,7 @@ impl LockModel {
             Action::Subscribe { client, waiter } => {
                 let c = &mut s.clients[client as usize];
                 c.subscribed = true;
+                c.waiters[waiter as usize].subscribed = true;
                 c.waiters[waiter as usize].phase = Phase::Try;
             }
             Action::Wake { client, waiter } => {
@@ -284,13 +329,30 @@ impl LockModel {
             }
             Action::Deliver { client } => self.deliver(&mut s, client),
             Action::Release { client, waiter } => {
-                let ran = self.script(
-                    &mut s,
-                    &self.scripts.release,
-                    vec![self.keys.hash().into(), self.keys.queue().into()],
-                    vec![Self::owner(client, waiter), self.keys.released().into()],
-                );
-                note.reply = Some(format!("release.lua -> {}", ran.reply));
+                let ran = if self.fair() {
+                    self.script(
+                        &mut s,
+                        &self.scripts.fair_release,
+                        self.fair_keys(false),
+                        vec![
+                            Self::owner(client, waiter),
+                            self.keys.waiter_channel_prefix(),
+                        ],
+                    )
+                } else {
+                    self.script(
+                        &mut s,
+                        &self.scripts.release,
+                        vec![self.keys.hash().into(), self.keys.queue().into()],
+                        vec![Self::owner(client, waiter), self.keys.released().into()],
+                    )
+                };
+                let script = if self.fair() {
+                    "fair/release.lua"
+                } else {
+                    "release.lua"
+                };
+                note.reply = Some(format!("{script} -> {}", ran.reply));
                 note.published = ran.published.iter().map(|(_, p)| p.clone()).collect();
                 let w = &mut s.clients[client as usize].waiters[waiter as usize];
                 w.cycles -= 1;
@@ -344,11 +406,62 @@ impl LockModel {
             }
             Action::Cancel { client, waiter } => {
                 s.budget.cancels -= 1;
+                let fair = self.fair();
                 let c = &mut s.clients[client as usize];
                 let empty = self.leave_queue(c, waiter, None, now);
-                c.waiters[waiter as usize].phase = Phase::Done;
-                if empty && c.subscribed {
+                let w = &mut c.waiters[waiter as usize];
+                w.phase = Phase::Done;
+                if fair {
+                    // `Wait::drop` with an own entry: the leave script goes out in the
+                    // background, subscribed or not; the watchdog stops renewing the entry.
+                    w.leaving = true;
+                    w.renew_at = None;
+                } else if empty && c.subscribed {
                     c.leaving = true;
+                }
+            }
+            Action::LeaveLine { client, waiter } => {
+                s.clients[client as usize].waiters[waiter as usize].leaving = false;
+                let ran = self.script(
+                    &mut s,
+                    &self.scripts.fair_leave,
+                    self.fair_keys(false),
+                    vec![
+                        Self::owner(client, waiter),
+                        self.keys.waiter_channel_prefix(),
+                    ],
+                );
+                note.reply = Some(format!("fair/leave.lua -> {}", ran.reply));
+                note.published = ran.published.iter().map(|(_, p)| p.clone()).collect();
+            }
+            Action::RenewEntries { client } => {
+                let period = self.renew_period();
+                let due: Vec<u8> = s.clients[client as usize]
+                    .waiters
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, w)| w.renew_at.is_some_and(|at| at <= now))
+                    .map(|(i, _)| i as u8)
+                    .collect();
+                let mut keys = Vec::new();
+                let mut argv = vec![self.config.lease_ms.to_string()];
+                for &w in &due {
+                    keys.extend([self.keys.waiters(), self.keys.waiters_until()]);
+                    argv.extend([Self::owner(client, w), String::new()]);
+                }
+                let ran = self.script(&mut s, &self.scripts.renew, keys, argv);
+                note.reply = Some(format!("renew.lua (entries {due:?}) -> {}", ran.reply));
+                let renewed = match &ran.reply {
+                    Reply::Array(items) => items.iter().map(|r| *r == Reply::Int(1)).collect(),
+                    _ => vec![false; due.len()],
+                };
+                let lease = self.config.lease_ms;
+                for (&w, ok) in due.iter().zip(renewed) {
+                    let w = &mut s.clients[client as usize].waiters[w as usize];
+                    w.renew_at = Some(now + period);
+                    if ok {
+                        w.entry_until = Some(now + lease);
+                    }
                 }
             }
             Action::LeaveQueue { client } => {
@@ -378,6 +491,8 @@ impl LockModel {
                 for w in &mut c.waiters {
                     w.phase = Phase::Done;
                     w.permit = false;
+                    w.leaving = false;
+                    w.renew_at = None;
                 }
             }
             Action::LoseMessages { client } => {
@@ -437,7 +552,11 @@ impl LockModel {
                 if s.ghost.broken.is_some() {
                     break;
                 }
-                self.try_lock(&mut s, client, waiter as u8, &mut note);
+                if self.fair() {
+                    self.try_fair(&mut s, client, waiter as u8, &mut note);
+                } else {
+                    self.try_lock(&mut s, client, waiter as u8, &mut note);
+                }
             }
         }
         if s.redis.keys.contains_key(self.keys.hash()) {
@@ -563,6 +682,127 @@ impl LockModel {
         }
     }
 
+    /// One try of a fair lock's waiter (`wait_for` with `Line::Own`, `LockAttempt::try_once`'s
+    /// `FairWaiter` mode): every try of a waiting acquire is `fair/acquire.lua` in mode 'w',
+    /// subscribed or not, with `kind_acquire`'s arguments. Busy: the first busy try queued the
+    /// owner (the watchdog renews its entry from then on); unsubscribed, it subscribes its own
+    /// channel and tries again at once; subscribed, it sleeps until its message or the bound.
+    fn try_fair(&self, s: &mut State, client: u8, waiter: u8, note: &mut Note) {
+        let now = s.now;
+        let owner = Self::owner(client, waiter);
+        let subscribed = s.clients[client as usize].waiters[waiter as usize].subscribed;
+        let epoch = s.clients[client as usize].epoch;
+        // Arrivals before the script, for the order the grant must respect.
+        let arrivals: Vec<(String, f64)> = match s.redis.keys.get(&self.keys.waiters()) {
+            Some(e) => match &e.data {
+                crate::redis::Data::ZSet(z) => z.iter().map(|(k, v)| (k.clone(), v.0)).collect(),
+                _ => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        let reserved = self.reserved_for(s);
+        let argv = vec![
+            owner.clone(),
+            self.config.lease_ms.to_string(),
+            "w".into(),
+            String::new(),
+            self.keys.waiter_channel_prefix(),
+            self.config.lease_ms.to_string(),
+            String::new(),
+        ];
+        let ran = self.script(s, &self.scripts.fair_acquire, self.fair_keys(true), argv);
+        let said = format!("{owner} fair/acquire.lua (w) -> {}", ran.reply);
+        note.reply = Some(match note.reply.take() {
+            Some(before) => format!("{before}; {said}"),
+            None => said,
+        });
+        note.published
+            .extend(ran.published.iter().map(|(_, p)| p.clone()));
+        let granted = match &ran.reply {
+            Reply::Bulk(t) => t.parse::<u64>().ok(),
+            Reply::Int(t) => Some(*t as u64),
+            _ => None,
+        };
+        match (granted, &ran.reply) {
+            (Some(token), _) => {
+                if token <= s.ghost.last_fence {
+                    s.ghost.broken.get_or_insert(Broken::FenceRegressed {
+                        granted: token,
+                        before: s.ghost.last_fence,
+                    });
+                }
+                s.ghost.last_fence = s.ghost.last_fence.max(token);
+                if let Some(r) = reserved.filter(|r| *r != owner) {
+                    s.ghost.broken.get_or_insert(Broken::TurnTaken {
+                        client,
+                        reserved_for: r,
+                    });
+                }
+                // FIFO by arrival: no live waiter that arrived earlier (and still has that
+                // arrival) waits on. A grantee without an entry arrived now, after everyone.
+                let mine = arrivals
+                    .iter()
+                    .find(|(o, _)| *o == owner)
+                    .map_or(f64::INFINITY, |(_, a)| *a);
+                let earlier = arrivals.iter().find(|(o, a)| {
+                    *a < mine && *o != owner && {
+                        let (c, w) = parse_owner(o);
+                        let oc = &s.clients[c as usize];
+                        oc.alive
+                            && matches!(
+                                oc.waiters[w as usize].phase,
+                                Phase::Queued | Phase::Try | Phase::Subscribe | Phase::Sleep { .. }
+                            )
+                    }
+                });
+                if let Some((earlier, _)) = earlier {
+                    s.ghost.broken.get_or_insert(Broken::ArrivalOrder {
+                        client,
+                        waiter,
+                        earlier: earlier.clone(),
+                    });
+                }
+                let c = &mut s.clients[client as usize];
+                self.leave_queue(c, waiter, None, now);
+                let w = &mut c.waiters[waiter as usize];
+                w.renew_at = None;
+                w.entry_until = None;
+                w.phase = Phase::Hold {
+                    token,
+                    until: now + self.config.lease_ms,
+                    renewals: self.config.renewals,
+                    lost: false,
+                };
+            }
+            (None, Reply::Array(items)) if items.first() == Some(&Reply::Int(0)) => {
+                let busy = match items.get(1) {
+                    Some(Reply::Int(ms)) => Some(*ms),
+                    _ => None,
+                };
+                let period = self.renew_period();
+                let lease = self.config.lease_ms;
+                let c = &mut s.clients[client as usize];
+                let phase = if subscribed {
+                    let short = busy.is_some_and(|b| b >= 0 && b as u64 <= self.config.grace_ms);
+                    self.sleep_phase(c, busy, epoch, now, short)
+                } else {
+                    Phase::Subscribe
+                };
+                let w = &mut c.waiters[waiter as usize];
+                // The try queued the owner (or kept its place) with a deadline now + lease.
+                w.entry_until = Some(now + lease);
+                w.renew_at.get_or_insert(now + period);
+                w.phase = phase;
+            }
+            _ => {
+                let c = &mut s.clients[client as usize];
+                self.leave_queue(c, waiter, None, now);
+                c.waiters[waiter as usize].phase = Phase::Done;
+                c.waiters[waiter as usize].renew_at = None;
+            }
+        }
+    }
+
     /// `on_message`: one release-channel message reaches a client.
     fn deliver(&self, s: &mut State, client: u8) {
         let now = s.now;
@@ -588,6 +828,12 @@ impl LockModel {
                 }
             }
             Msg::Free => self.wake_head(c),
+            Msg::FreeFor(w) => {
+                // The waiter's own line: its head (itself, while it waits) is woken.
+                if c.queue.contains(&w) {
+                    c.waiters[w as usize].permit = true;
+                }
+            }
             Msg::Turn(id) if id == client => self.wake_head(c),
             Msg::Turn(_) => {
                 if !c.queue.is_empty() {
@@ -604,6 +850,9 @@ impl LockModel {
             !c.inbox.is_empty()
                 || c.leaving
                 || c.standby.is_some_and(|(_, at)| at <= s.now)
+                || c.waiters
+                    .iter()
+                    .any(|w| w.leaving || w.renew_at.is_some_and(|at| at <= s.now))
                 || c.waiters.iter().any(|w| match w.phase {
                     Phase::Try | Phase::Subscribe => true,
                     Phase::Sleep { wake_at, .. } => wake_at <= s.now || w.permit,
@@ -618,6 +867,7 @@ impl LockModel {
         for c in s.clients.iter().filter(|c| c.alive) {
             due.extend(c.standby.map(|(_, at)| at));
             for w in &c.waiters {
+                due.extend(w.renew_at);
                 match w.phase {
                     Phase::Sleep { wake_at, .. } => due.push(wake_at),
                     Phase::Hold { until, .. } => due.push(until),
@@ -662,6 +912,10 @@ impl Model for LockModel {
                     phase: Phase::Idle,
                     cycles: cfg.cycles,
                     permit: false,
+                    subscribed: false,
+                    entry_until: None,
+                    renew_at: None,
+                    leaving: false,
                 };
                 cfg.waiters as usize
             ],
@@ -699,8 +953,17 @@ impl Model for LockModel {
             if c.leaving {
                 actions.push(Action::LeaveQueue { client });
             }
+            if c.waiters
+                .iter()
+                .any(|w| w.renew_at.is_some_and(|at| at <= s.now))
+            {
+                actions.push(Action::RenewEntries { client });
+            }
             for (wi, w) in c.waiters.iter().enumerate() {
                 let waiter = wi as u8;
+                if w.leaving {
+                    actions.push(Action::LeaveLine { client, waiter });
+                }
                 match w.phase {
                     Phase::Idle => actions.push(Action::Lock { client, waiter }),
                     Phase::Subscribe => actions.push(Action::Subscribe { client, waiter }),
@@ -733,7 +996,10 @@ impl Model for LockModel {
                     actions.push(Action::Cancel { client, waiter });
                 }
             }
-            let active = c.waiters.iter().any(|w| w.phase != Phase::Done);
+            let active = c
+                .waiters
+                .iter()
+                .any(|w| w.phase != Phase::Done || w.leaving);
             if s.budget.crashes > 0 && active {
                 actions.push(Action::Crash { client });
             }
@@ -761,4 +1027,16 @@ impl Model for LockModel {
     fn properties(&self) -> Vec<Property<Self>> {
         crate::properties::all()
     }
+}
+
+/// A model owner id `c<client>w<waiter>` as its indices.
+fn parse_owner(owner: &str) -> (u8, u8) {
+    let (c, w) = owner
+        .strip_prefix('c')
+        .and_then(|r| r.split_once('w'))
+        .expect("a model owner id");
+    (
+        c.parse().expect("a client index"),
+        w.parse().expect("a waiter index"),
+    )
 }

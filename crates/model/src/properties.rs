@@ -20,8 +20,14 @@ pub mod names {
     pub const NO_SLEEP_ON_FREE_LOCK: &str = "no waiter sleeps on a free lock (F1)";
     /// F2: within a client, waiters get the lock in the order they asked.
     pub const CLIENT_FIFO: &str = "FIFO within a client (F2)";
-    /// Between clients: a lock reserved for a client's turn goes to that client.
+    /// Between clients: a lock reserved for a client's turn goes to that client (the fair
+    /// lock: reserved for a waiter, to that waiter).
     pub const TURN_ORDER: &str = "a reserved turn goes to its client";
+    /// Fair lock: strict FIFO by arrival over every waiter of every client.
+    pub const ARRIVAL_ORDER: &str = "FIFO by arrival across clients (fair)";
+    /// Fair lock: a turn reserved for a dead waiter lasts no longer than its entry (one lease
+    /// after its last renewal); one reserved for a waiter that left passes on when it leaves.
+    pub const TURN_PASSES_ON: &str = "a dead or departed waiter's turn passes on (fair)";
     /// F3: a guard whose grant ended never reports held again.
     pub const LOST_STAYS_LOST: &str = "a lost guard stays lost (F3)";
     /// Once every client is done or crashed, nothing stays in Redis but what expires.
@@ -45,6 +51,12 @@ pub fn all() -> Vec<Property<LockModel>> {
         }),
         Property::always(names::TURN_ORDER, |_, s: &State| {
             !matches!(s.ghost.broken, Some(Broken::TurnTaken { .. }))
+        }),
+        Property::always(names::ARRIVAL_ORDER, |_, s: &State| {
+            !matches!(s.ghost.broken, Some(Broken::ArrivalOrder { .. }))
+        }),
+        Property::always(names::TURN_PASSES_ON, |m: &LockModel, s: &State| {
+            turn_passes_on(m, s)
         }),
         Property::always(names::LOST_STAYS_LOST, |_, s: &State| {
             !matches!(s.ghost.broken, Some(Broken::Revived { .. }))
@@ -94,8 +106,13 @@ fn no_sleep_on_free_lock(m: &LockModel, s: &State) -> bool {
         let standby = c
             .standby
             .is_some_and(|(epoch, at)| epoch == c.epoch && at <= bound);
-        c.waiters.iter().all(|w| match w.phase {
+        c.waiters.iter().enumerate().all(|(i, w)| match w.phase {
             Phase::Sleep { wake_at, .. } => {
+                // A fair lock's waiter is told only on its own channel.
+                let told = told
+                    || c.inbox
+                        .iter()
+                        .any(|m| *m == Msg::FreeFor(i as u8) || *m == Msg::Resync);
                 wake_at <= bound || w.permit || told || standby || m.config.horizon_ms < bound
             }
             _ => true,
@@ -117,4 +134,51 @@ fn nothing_left(m: &LockModel, s: &State) -> bool {
     s.redis.keys.iter().all(|(key, entry)| {
         key == m.fence_key() || (entry.expires_at.is_some() && !matches!(entry.data, Data::Str(_)))
     })
+}
+
+/// The fair lock's documented bound on a turn nobody takes (`docs/fair-lock.md`): when the
+/// lock is reserved (`~turn:<owner>` its only field) for an owner that no longer waits, the
+/// reservation lapses by that owner's entry deadline if it died (its client crashed, or its
+/// leave script never ran yet): one lease after its last renewal, or the turn grace after the
+/// reservation when that is later (`hand_on.lua`'s floor); and not at all if it left
+/// (its leave script ran: the turn passed on then). Sleepers must then wake within the slack
+/// of the lapse: "no waiter sleeps on a free lock" checks that.
+fn turn_passes_on(m: &LockModel, s: &State) -> bool {
+    if !m.fair() {
+        return true;
+    }
+    let Some(entry) = s.redis.keys.get(m.hash_key()) else {
+        return true;
+    };
+    let Data::Hash(h) = &entry.data else {
+        return true;
+    };
+    let Some(owner) = h.keys().find_map(|f| f.strip_prefix("~turn:")) else {
+        return true;
+    };
+    let Some((c, w)) = owner
+        .strip_prefix('c')
+        .and_then(|r| r.split_once('w'))
+        .and_then(|(c, w)| Some((c.parse::<usize>().ok()?, w.parse::<usize>().ok()?)))
+    else {
+        return false;
+    };
+    let client = &s.clients[c];
+    let waiter = &client.waiters[w];
+    let waiting = matches!(
+        waiter.phase,
+        Phase::Queued | Phase::Try | Phase::Subscribe | Phase::Sleep { .. }
+    );
+    if client.alive && waiting {
+        return true;
+    }
+    if client.alive && !waiter.leaving {
+        return false; // it left (or never waited): nothing will pass its turn on
+    }
+    // A reservation lasts what is left of the head's entry, but at least the turn grace
+    // (`hand_on.lua`): one made just before the entry's deadline outlives it by the grace.
+    match (entry.expires_at, waiter.entry_until) {
+        (Some(at), Some(until)) => at <= until + m.config.grace_ms,
+        _ => false,
+    }
 }

@@ -22,7 +22,29 @@ pub const PRE_F1_RESERVED_BUSY: &str = include_str!("../fixtures/pre_f1_reserved
 const PRE_F1_ANCHOR: &str =
     "  redis.call('PEXPIRE', KEYS[3], math.max(pttl, tonumber(ARGV[2])) + 10000)\n";
 
-/// The plain lock's scripts as the model runs them.
+/// `fair/acquire.lua`'s condition for a grant: the lock is this owner's, or nobody (live) is
+/// before it in line.
+const FAIR_GRANT_CHECK: &str = "if mine or not first or first == owner then";
+/// [`Variant::FairLineJumped`]: every try that finds the lock free (or its own) is granted.
+const FAIR_GRANT_CHECK_OFF: &str = "if true then";
+/// `hand_on.lua`'s range of dead entries (deadline at or before now).
+const DEAD_RANGE: &str = "'-inf', now_ms, 'LIMIT'";
+/// [`Variant::FairNoDeadSkip`]: no deadline is ever that early.
+const DEAD_RANGE_OFF: &str = "'-inf', 0, 'LIMIT'";
+
+/// `lua` with `from` replaced by `to`.
+///
+/// # Panics
+/// When `from` is not in the shipped text: the mutant must be redone against the new script.
+fn mutate(lua: &str, from: &str, to: &str) -> String {
+    assert!(
+        lua.contains(from),
+        "a fair script changed: no {from:?} to mutate"
+    );
+    lua.replace(from, to)
+}
+
+/// The plain and fair lock's scripts as the model runs them.
 #[derive(Debug)]
 pub struct ModelScripts {
     /// `acquire.lua` (reverted in [`Variant::PreF1Fix`]).
@@ -33,6 +55,12 @@ pub struct ModelScripts {
     pub renew: String,
     /// `force_unlock.lua`.
     pub force_unlock: String,
+    /// `fair/acquire.lua`.
+    pub fair_acquire: String,
+    /// `fair/release.lua`.
+    pub fair_release: String,
+    /// `fair/leave.lua`.
+    pub fair_leave: String,
 }
 
 impl ModelScripts {
@@ -57,7 +85,24 @@ impl ModelScripts {
                 1,
             );
         }
+        let mut fair_acquire = shipped.fair_acquire.lua().to_string();
+        let mut fair_release = shipped.fair_release.lua().to_string();
+        let mut fair_leave = shipped.fair_leave.lua().to_string();
+        match variant {
+            Variant::FairLineJumped => {
+                fair_acquire = mutate(&fair_acquire, FAIR_GRANT_CHECK, FAIR_GRANT_CHECK_OFF);
+            }
+            Variant::FairNoDeadSkip => {
+                for lua in [&mut fair_acquire, &mut fair_release, &mut fair_leave] {
+                    *lua = mutate(lua, DEAD_RANGE, DEAD_RANGE_OFF);
+                }
+            }
+            _ => {}
+        }
         ModelScripts {
+            fair_acquire,
+            fair_release,
+            fair_leave,
             acquire,
             release: shipped.release.lua().to_string(),
             renew: shipped.renew.lua().to_string(),

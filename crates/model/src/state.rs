@@ -14,6 +14,9 @@ pub enum Msg {
     Turn(u8),
     /// `-<ms>`: a queued client took its turn, with that lease.
     Taken(u64),
+    /// A fair lock's `*` on one waiter's own channel (`P:{N}:released:<owner>`): the lock is
+    /// reserved for that waiter (its index in the client).
+    FreeFor(u8),
     /// Not a message: the subscriber lost messages (reconnect, lagged) and wakes every head.
     Resync,
 }
@@ -57,6 +60,16 @@ pub struct Waiter {
     pub cycles: u8,
     /// A wake-up that came while it was not asleep (tokio `Notify`'s permit).
     pub permit: bool,
+    /// Fair lock: its own channel is subscribed (and stays so, as a lingering subscription).
+    pub subscribed: bool,
+    /// Fair lock: the deadline its entry in the line was last given (by a queueing try or a
+    /// renewal, `now + lease`): a dead waiter holds the line no longer than this.
+    pub entry_until: Option<u64>,
+    /// Fair lock: when its client's watchdog renews its entry next (every lease / 3 from its
+    /// first busy try until its wait ends).
+    pub renew_at: Option<u64>,
+    /// Fair lock: a cancelled wait's `fair/leave.lua`, sent in the background, not yet run.
+    pub leaving: bool,
 }
 
 /// One client (a process with one subscriber connection).
@@ -120,6 +133,13 @@ pub enum Broken {
     ClientFifo { client: u8, waiter: u8, ahead: u8 },
     /// A grant went to another client while the lock was reserved for one's turn.
     TurnTaken { client: u8, reserved_for: String },
+    /// Fair lock: a waiter got the lock while a live waiter that arrived earlier (and kept its
+    /// arrival) still waited.
+    ArrivalOrder {
+        client: u8,
+        waiter: u8,
+        earlier: String,
+    },
     /// A renewal extended a grant that had ended (the guard reports held again).
     Revived { client: u8, waiter: u8, token: u64 },
     /// A script answered an error.

@@ -76,10 +76,12 @@ fn actor(action: &Action) -> String {
         | Timer { client, waiter }
         | Release { client, waiter }
         | Renew { client, waiter }
+        | LeaveLine { client, waiter }
         | Cancel { client, waiter } => format!("c{client}w{waiter}"),
         Standby { client }
         | Deliver { client }
         | LeaveQueue { client }
+        | RenewEntries { client }
         | Crash { client }
         | LoseMessages { client } => format!("c{client}"),
         ForceUnlock => "operator".into(),

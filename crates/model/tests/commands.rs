@@ -48,6 +48,9 @@ fn the_model_runs_the_shipped_text() {
     assert_eq!(model.release, shipped.release.lua());
     assert_eq!(model.renew, shipped.renew.lua());
     assert_eq!(model.force_unlock, shipped.force_unlock.lua());
+    assert_eq!(model.fair_acquire, shipped.fair_acquire.lua());
+    assert_eq!(model.fair_release, shipped.fair_release.lua());
+    assert_eq!(model.fair_leave, shipped.fair_leave.lua());
     // The reverted variant differs from the shipped text only by the fixture's branch.
     let reverted = ModelScripts::new(2, Variant::PreF1Fix);
     assert_eq!(
