@@ -59,6 +59,8 @@ pub struct Config {
     pub data_losses: u8,
     /// Watchdog renewals per grant.
     pub renewals: u8,
+    /// Fair lock: at most this many `try_lock` calls (each in place of a `lock()` cycle).
+    pub tries: u8,
     /// Which code runs.
     pub variant: Variant,
     /// Which kind of lock.
@@ -81,6 +83,7 @@ impl Config {
             force_unlocks: 0,
             data_losses: 0,
             renewals: 0,
+            tries: 0,
             variant,
             kind: Kind::Plain,
         }

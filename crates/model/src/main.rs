@@ -65,6 +65,9 @@ struct Bound {
     /// Watchdog renewals per grant.
     #[arg(long, default_value_t = 0)]
     renewals: u8,
+    /// Fair lock: `try_lock` calls allowed (each in place of a `lock()` cycle).
+    #[arg(long, default_value_t = 0)]
+    tries: u8,
     /// Stop after this many states (a partial check: for exploring a bound's size).
     #[arg(long)]
     max_states: Option<usize>,
@@ -88,6 +91,7 @@ fn main() {
         force_unlocks: b.force_unlocks,
         data_losses: b.data_losses,
         renewals: b.renewals,
+        tries: b.tries,
         variant: b.variant,
         kind: b.kind,
     };

@@ -51,6 +51,8 @@ pub enum Action {
     Cancel { client: u8, waiter: u8 },
     /// A cancelled client's background ZREM from the turn queue.
     LeaveQueue { client: u8 },
+    /// Fair lock: a waiter calls `try_lock()` instead of `lock()`: one try, never queued.
+    TryLock { client: u8, waiter: u8 },
     /// Fair lock: a cancelled waiter's background `fair/leave.lua`.
     LeaveLine { client: u8, waiter: u8 },
     /// Fair lock: the client's watchdog renews its waiters' entries that are due (renew.lua's
@@ -420,6 +422,10 @@ impl LockModel {
                     c.leaving = true;
                 }
             }
+            Action::TryLock { client, waiter } => {
+                s.budget.tries -= 1;
+                self.try_fair(&mut s, client, waiter, &mut note, false);
+            }
             Action::LeaveLine { client, waiter } => {
                 s.clients[client as usize].waiters[waiter as usize].leaving = false;
                 let ran = self.script(
@@ -553,7 +559,7 @@ impl LockModel {
                     break;
                 }
                 if self.fair() {
-                    self.try_fair(&mut s, client, waiter as u8, &mut note);
+                    self.try_fair(&mut s, client, waiter as u8, &mut note, true);
                 } else {
                     self.try_lock(&mut s, client, waiter as u8, &mut note);
                 }
@@ -687,7 +693,10 @@ impl LockModel {
     /// subscribed or not, with `kind_acquire`'s arguments. Busy: the first busy try queued the
     /// owner (the watchdog renews its entry from then on); unsubscribed, it subscribes its own
     /// channel and tries again at once; subscribed, it sleeps until its message or the bound.
-    fn try_fair(&self, s: &mut State, client: u8, waiter: u8, note: &mut Note) {
+    ///
+    /// With `wait` false it is `try_lock` instead (`AcquireMode::Try`: mode 't', entry life 0):
+    /// one try that never queues; not granted, the call ends (one cycle done).
+    fn try_fair(&self, s: &mut State, client: u8, waiter: u8, note: &mut Note, wait: bool) {
         let now = s.now;
         let owner = Self::owner(client, waiter);
         let subscribed = s.clients[client as usize].waiters[waiter as usize].subscribed;
@@ -701,17 +710,29 @@ impl LockModel {
             None => Vec::new(),
         };
         let reserved = self.reserved_for(s);
+        let mode = if wait { "w" } else { "t" };
         let argv = vec![
             owner.clone(),
             self.config.lease_ms.to_string(),
-            "w".into(),
+            mode.into(),
             String::new(),
             self.keys.waiter_channel_prefix(),
-            self.config.lease_ms.to_string(),
+            if wait { self.config.lease_ms } else { 0 }.to_string(),
             String::new(),
         ];
         let ran = self.script(s, &self.scripts.fair_acquire, self.fair_keys(true), argv);
-        let said = format!("{owner} fair/acquire.lua (w) -> {}", ran.reply);
+        let said = format!("{owner} fair/acquire.lua ({mode}) -> {}", ran.reply);
+        if !wait {
+            let queued = match s.redis.keys.get(&self.keys.waiters()).map(|e| &e.data) {
+                Some(crate::redis::Data::ZSet(z)) => z.contains_key(&owner),
+                _ => false,
+            };
+            if queued {
+                s.ghost
+                    .broken
+                    .get_or_insert(Broken::TryQueued { client, waiter });
+            }
+        }
         note.reply = Some(match note.reply.take() {
             Some(before) => format!("{before}; {said}"),
             None => said,
@@ -772,6 +793,16 @@ impl LockModel {
                     until: now + self.config.lease_ms,
                     renewals: self.config.renewals,
                     lost: false,
+                };
+            }
+            (None, Reply::Array(items)) if !wait && items.first() == Some(&Reply::Int(0)) => {
+                // try_lock answered None: this call is over.
+                let w = &mut s.clients[client as usize].waiters[waiter as usize];
+                w.cycles -= 1;
+                w.phase = if w.cycles > 0 {
+                    Phase::Idle
+                } else {
+                    Phase::Done
                 };
             }
             (None, Reply::Array(items)) if items.first() == Some(&Reply::Int(0)) => {
@@ -930,6 +961,7 @@ impl Model for LockModel {
                 cancels: cfg.cancels,
                 force_unlocks: cfg.force_unlocks,
                 data_losses: cfg.data_losses,
+                tries: cfg.tries,
             },
             ghost: Ghost::default(),
         }]
@@ -965,7 +997,12 @@ impl Model for LockModel {
                     actions.push(Action::LeaveLine { client, waiter });
                 }
                 match w.phase {
-                    Phase::Idle => actions.push(Action::Lock { client, waiter }),
+                    Phase::Idle => {
+                        actions.push(Action::Lock { client, waiter });
+                        if self.fair() && s.budget.tries > 0 {
+                            actions.push(Action::TryLock { client, waiter });
+                        }
+                    }
                     Phase::Subscribe => actions.push(Action::Subscribe { client, waiter }),
                     Phase::Sleep { wake_at, .. } => {
                         if w.permit {

@@ -23,6 +23,8 @@ pub mod names {
     /// Between clients: a lock reserved for a client's turn goes to that client (the fair
     /// lock: reserved for a waiter, to that waiter).
     pub const TURN_ORDER: &str = "a reserved turn goes to its client";
+    /// Fair lock: `try_lock` never takes a place in the line.
+    pub const TRY_NEVER_QUEUES: &str = "try_lock never queues (fair)";
     /// Fair lock: strict FIFO by arrival over every waiter of every client.
     pub const ARRIVAL_ORDER: &str = "FIFO by arrival across clients (fair)";
     /// Fair lock: a turn reserved for a dead waiter lasts no longer than its entry (one lease
@@ -54,6 +56,9 @@ pub fn all() -> Vec<Property<LockModel>> {
         }),
         Property::always(names::ARRIVAL_ORDER, |_, s: &State| {
             !matches!(s.ghost.broken, Some(Broken::ArrivalOrder { .. }))
+        }),
+        Property::always(names::TRY_NEVER_QUEUES, |_, s: &State| {
+            !matches!(s.ghost.broken, Some(Broken::TryQueued { .. }))
         }),
         Property::always(names::TURN_PASSES_ON, |m: &LockModel, s: &State| {
             turn_passes_on(m, s)

@@ -108,6 +108,8 @@ pub struct Budget {
     pub force_unlocks: u8,
     /// Data losses left.
     pub data_losses: u8,
+    /// Fair lock: `try_lock` calls left.
+    pub tries: u8,
 }
 
 /// Facts about the history that the properties need and Redis does not keep.
@@ -140,6 +142,8 @@ pub enum Broken {
         waiter: u8,
         earlier: String,
     },
+    /// Fair lock: a `try_lock` left its owner in the line.
+    TryQueued { client: u8, waiter: u8 },
     /// A renewal extended a grant that had ended (the guard reports held again).
     Revived { client: u8, waiter: u8, token: u64 },
     /// A script answered an error.

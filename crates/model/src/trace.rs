@@ -77,6 +77,7 @@ fn actor(action: &Action) -> String {
         | Release { client, waiter }
         | Renew { client, waiter }
         | LeaveLine { client, waiter }
+        | TryLock { client, waiter }
         | Cancel { client, waiter } => format!("c{client}w{waiter}"),
         Standby { client }
         | Deliver { client }

@@ -86,6 +86,18 @@ fn force_unlock_and_data_loss_on_a_fair_lock() {
     });
 }
 
+/// A `try_lock` among three clients in line: it never queues, and never takes the lock ahead
+/// of a live earlier arrival (a try that finds the lock free re-reserves it for the head).
+#[test]
+fn try_lock_never_queues_or_jumps_the_line() {
+    holds(Config {
+        clients: 3,
+        tries: 1,
+        horizon_ms: 20,
+        ..fair(Variant::Shipped)
+    });
+}
+
 /// A mutant that grants a free lock to whoever tries is caught by the arrival order.
 #[test]
 fn a_line_jumper_is_caught() {
