@@ -27,6 +27,16 @@ const HANDOFF: &[&str] = &[
     "client_cpu_us_per_acquisition",
 ];
 const CRASH: &[&str] = &["lease_ms", "delay_after_expiry_ms"];
+const RED_LOCK: &[&str] = &[
+    "servers",
+    "plain_pair_p50_us",
+    "red_lock_pair_p50_us",
+    "raw_pair_p50_us",
+    "ratio_to_raw",
+    "ratio_to_plain",
+    "plain_contended_per_sec",
+    "red_lock_contended_per_sec",
+];
 const WATCHDOG: &[&str] = &[
     "holds",
     "round_trips_per_tick",
@@ -79,6 +89,7 @@ fn quick_run_writes_the_json_contract() {
         "handoff_per_process_polling_10ms",
         "crash_recovery",
         "watchdog",
+        "red_lock",
     ]
     .into();
     assert_eq!(keys(&results), expected);
@@ -95,6 +106,7 @@ fn quick_run_writes_the_json_contract() {
         ("handoff_per_process_polling_10ms", HANDOFF),
         ("crash_recovery", CRASH),
         ("watchdog", WATCHDOG),
+        ("red_lock", RED_LOCK),
     ] {
         let value = &results[section];
         assert_eq!(keys(value), fields.iter().copied().collect(), "{section}");
@@ -122,4 +134,8 @@ fn quick_run_writes_the_json_contract() {
         assert!(number(h, "workers_served") <= number(h, "waiters"), "{h}");
     }
     assert_eq!(number(&results["watchdog"], "holds"), 2000.0);
+    let r = &results["red_lock"];
+    assert_eq!(number(r, "servers"), 5.0);
+    let ratio = number(r, "red_lock_pair_p50_us") / number(r, "raw_pair_p50_us");
+    assert!((number(r, "ratio_to_raw") - ratio).abs() < 1e-9, "{r}");
 }
