@@ -76,6 +76,10 @@ chaos *ARGS: setup
 model *ARGS:
     cargo run --quiet --release -p leasehold-model -- check --clients 3 --waiters 1 --cycles 1 --crashes 1 --losses 1 --cancels 1 --force-unlocks 1 --data-losses 1 --renewals 1 {{ARGS}}
 
+# The model checker on the fair lock (three clients, crash, lost message, cancel, a try_lock).
+model-fair *ARGS:
+    cargo run --quiet --release -p leasehold-model -- check --kind fair --clients 3 --waiters 1 --cycles 1 --crashes 1 --losses 1 --cancels 1 --tries 1 --horizon 30 {{ARGS}}
+
 # The benchmark harness (pass --quick for the short run, --json PATH, --plot DIR).
 bench *ARGS: setup
     cargo run --quiet --release -p leasehold-bench -- {{ARGS}}
