@@ -374,7 +374,7 @@ impl QuorumLock {
                 .collect()
         };
         for place in &places {
-            if !until_head(place, deadline).await {
+            if !place.until_head(deadline).await {
                 return Ok(None);
             }
         }
@@ -570,26 +570,6 @@ impl QuorumLock {
                 .unwrap_or(Err(LockError::Timeout))
         });
         futures::future::join_all(releases).await
-    }
-}
-
-/// Waits until `place` heads its line; false at the deadline.
-async fn until_head(place: &Place, deadline: Option<Instant>) -> bool {
-    loop {
-        if place.is_head() {
-            return true;
-        }
-        match deadline {
-            Some(deadline) => {
-                if tokio::time::timeout_at(deadline, place.woken())
-                    .await
-                    .is_err()
-                {
-                    return place.is_head();
-                }
-            }
-            None => place.woken().await,
-        }
     }
 }
 

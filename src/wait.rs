@@ -199,23 +199,7 @@ impl<'a> Wait<'a> {
 
     /// Waits until this waiter heads the line; false at the deadline.
     pub(crate) async fn until_head(&mut self) -> bool {
-        loop {
-            let place = self.place();
-            if place.is_head() {
-                return true;
-            }
-            match self.deadline {
-                Some(deadline) => {
-                    if tokio::time::timeout_at(deadline, place.woken())
-                        .await
-                        .is_err()
-                    {
-                        return place.is_head();
-                    }
-                }
-                None => place.woken().await,
-            }
-        }
+        self.place().until_head(self.deadline).await
     }
 
     /// Registers interest (subscribes the channel). A transient failure is kept as the last

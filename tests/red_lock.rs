@@ -67,6 +67,15 @@ impl RedisPort for LockClient {
     }
 }
 
+/// Whether every client of `red` subscribed its one release channel within 10 s: from then on
+/// no release can be missed.
+async fn every_channel_subscribed(red: &RedLock) -> bool {
+    eventually(Duration::from_secs(10), || {
+        red.clients().iter().all(|c| c.subscribed_channels() == 1)
+    })
+    .await
+}
+
 fn nothing_held(servers: &[RedisServer]) -> bool {
     servers
         .iter()
@@ -278,13 +287,7 @@ async fn a_waiter_is_woken_by_the_release_not_the_lease() {
         (Instant::now(), token)
     });
     // Once every server's channel is subscribed, the release cannot be missed.
-    assert!(
-        eventually(Duration::from_secs(10), || waiter
-            .clients()
-            .iter()
-            .all(|c| c.subscribed_channels() == 1))
-        .await
-    );
+    assert!(every_channel_subscribed(&waiter).await);
     let first = guard.fencing_token();
     let released_at = Instant::now();
     guard.unlock().await.unwrap();
@@ -534,13 +537,7 @@ async fn a_waiter_does_not_poll_a_lock_held_by_a_bare_quorum() {
         let guard = wanted.lock().await.unwrap();
         guard.unlock().await.unwrap();
     });
-    assert!(
-        eventually(Duration::from_secs(10), || waiter
-            .clients()
-            .iter()
-            .all(|c| c.subscribed_channels() == 1))
-        .await
-    );
+    assert!(every_channel_subscribed(&waiter).await);
     let calls = |s: &RedisServer| s.command_calls("evalsha").unwrap();
     let before = calls(&spawned[3]);
     tokio::time::sleep(Duration::from_secs(1)).await;

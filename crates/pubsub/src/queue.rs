@@ -80,6 +80,29 @@ impl Place {
             .is_some_and(|head| Arc::ptr_eq(head, &self.cell))
     }
 
+    /// Waits until this waiter heads its queue; false if `deadline` passes first.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a promotion that arrives after the future was dropped stays as a permit.
+    pub async fn until_head(&self, deadline: Option<tokio::time::Instant>) -> bool {
+        loop {
+            if self.is_head() {
+                return true;
+            }
+            match deadline {
+                Some(deadline) => {
+                    if tokio::time::timeout_at(deadline, self.woken())
+                        .await
+                        .is_err()
+                    {
+                        return self.is_head();
+                    }
+                }
+                None => self.woken().await,
+            }
+        }
+    }
+
     /// Whether other waiters of this client wait on the same lock.
     pub fn has_company(&self) -> bool {
         self.channel.queue.lock().cells.len() > 1
