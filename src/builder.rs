@@ -229,6 +229,12 @@ impl LockClientBuilder {
                 // resent release would release twice. Unknown outcomes are settled above fred
                 // (crate::release::settle).
                 max_command_attempts: 1,
+                // fred counts a MOVED/ASK redirection as a write attempt, so under the line
+                // above it fails the command anyway (and an ASK that way stops its clustered
+                // client for good). With no redirections allowed it reports the redirection
+                // (after resyncing its slot map on MOVED), and the command is sent again by
+                // `leasehold_core::scripts::resend_not_run`, which knows that nothing ran.
+                max_redirections: 0,
                 ..ConnectionConfig::default()
             })
             .set_performance_config(PerformanceConfig {
@@ -250,6 +256,13 @@ impl LockClientBuilder {
             Ok(result) => result?,
             Err(_) => return Err(LockError::Timeout),
         }
+        // The subscriber only (un)subscribes and pings, which may be sent twice: it follows
+        // redirections and resends after a reconnect as fred does by default.
+        builder.set_connection_config(ConnectionConfig {
+            connection_timeout: self.command_timeout,
+            internal_command_timeout: self.command_timeout,
+            ..ConnectionConfig::default()
+        });
         let subscriber = builder
             .build_subscriber_client()
             .map_err(LockError::from_redis)?;

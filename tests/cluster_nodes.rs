@@ -9,14 +9,13 @@
 //! replicas synced and known everywhere), the Sentinel set in about 2.3 s, and the Sentinel
 //! failover takes 2.3 s more (1 s to notice, then the election). Measured on the 2-core test
 //! machine: every_kind_on_three_primaries ≈ 6 s, primary_failover_while_held_and_waited
-//! ≈ 5 s, sentinel_failover_keeps_locks_usable ≈ 6 s; the file's passing tests about 12–18 s
-//! in all, the ignored ones (issue 16's findings, each with its reproduction in its doc) about
-//! 5 s each more with `--include-ignored`.
+//! ≈ 5 s, sentinel_failover_keeps_locks_usable ≈ 6 s; the file about 20 s in all.
 //!
 //! Clients connect as users do (RESP2, fred's default; scripts loaded by the library). Issue 16's
-//! first two findings (NOSCRIPT on every primary but one; waiters refused over RESP2) are fixed
-//! and their reproductions pass; the other two (MOVED and ASK are not followed under
-//! `max_command_attempts = 1`) are ignored tests, with the failure in their docs.
+//! four findings are fixed and their reproductions pass: NOSCRIPT on every primary but one;
+//! waiters refused over RESP2; a command meeting `MOVED` failed; a command meeting `ASK` stopped
+//! fred's clustered client for good (the last two under `max_command_attempts = 1`; see
+//! `leasehold_core::scripts::resend_not_run`).
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -162,15 +161,11 @@ fn slot_and_target(cluster: &RedisCluster, client: &LockClient, name: &str) -> (
 /// redirected. Here the holder's lease is long (no renewal in between), so its release is that
 /// first command.
 ///
-/// Issue 16: it is not. The library builds fred with `max_command_attempts: 1` (no resend
-/// after a reconnect), and fred counts a redirection as an attempt: the release fails with
-/// `Connection("Too many failed write attempts.")` (fred resyncs its slot map, so the *next*
-/// command goes to the right node). Whether the lock is still held afterwards varies (the
-/// settle of the unanswered release may or may not have run). A renewal meeting `MOVED` fails
-/// the same way: `watchdog_stats().errors` goes up by one after every migration and failover
-/// in the tests below, which a 600 ms lease survives.
+/// Failed before (issue 16): the library builds fred with `max_command_attempts: 1` (no resend
+/// after a reconnect), and fred counts a redirection as an attempt: the release failed with
+/// `Connection("Too many failed write attempts.")`, and a renewal meeting `MOVED` failed the
+/// same way (`watchdog_stats().errors` went up by one after every migration and failover).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 16: a release meeting MOVED fails with Connection(Too many failed write attempts): fred counts the redirection against max_command_attempts = 1"]
 async fn a_release_meeting_moved_is_redirected() {
     let cluster = start_cluster_with_scripts();
     let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
@@ -190,17 +185,18 @@ async fn a_release_meeting_moved_is_redirected() {
     assert!(!after.unwrap());
 }
 
-/// While a slot migrates, a command for a key already moved meets `ASK` at the source: it
-/// should be sent to the target with `ASKING`. The client must survive it either way.
+/// While a slot migrates, a command for a key already moved meets `ASK` at the source. The
+/// library does not follow `ASK` (see `leasehold_core::scripts::resend_not_run`: fred 10.1 sends
+/// the command back to the old owner after `ASKING`, and a lock's multi-key scripts would meet
+/// `TRYAGAIN` at the importing node anyway): the command waits for the migration to end and
+/// then follows `MOVED`. The client survives.
 ///
-/// Issue 16: the command fails with `Connection(Routing: "Max attempts reached.")` and fred's
-/// clustered client stops for good (its router task ends; the quit at drop logs "Attempted to
-/// quit client that was already stopped"): the release after the migration, and any other
-/// lock of that client, fail with `LockError::Timeout`. Same cause as above
-/// (`max_command_attempts: 1`), worse effect. Every run.
+/// Failed before (issue 16): the command failed with `Connection(Routing: "Max attempts
+/// reached.")` and fred's clustered client stopped for good (its router task ended): the
+/// release after the migration, and any other lock of that client, failed with
+/// `LockError::Timeout`. Every run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 16: a command meeting ASK mid-migration fails (Routing: Max attempts reached) and stops fred's clustered client for good: every later call times out"]
-async fn a_command_meeting_ask_is_redirected_and_the_client_survives() {
+async fn a_command_meeting_ask_waits_for_the_migration_and_the_client_survives() {
     let cluster = start_cluster_with_scripts();
     let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
     let lock = a.lock("asked").unwrap();
@@ -208,17 +204,48 @@ async fn a_command_meeting_ask_is_redirected_and_the_client_survives() {
     let guard = lock.try_lock().await.unwrap().expect("free");
     let migration = cluster.begin_slot_migration(slot, to).unwrap();
     assert!(migration.move_keys().unwrap() >= 1);
-    let during = lock.is_locked().await;
+    // Commands on the slot now meet ASK: a read, and a state change of another owner.
+    let during = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.is_locked().await }
+    });
+    let contender = tokio::spawn({
+        let lock = a.lock("asked").unwrap();
+        async move { lock.try_lock().await.map(|g| g.is_some()) }
+    });
+    // Both are still resending when the migration ends (they cannot finish before it).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!during.is_finished() && !contender.is_finished());
     migration.finish().unwrap();
+    let during = within(
+        Duration::from_secs(5),
+        "the read after the migration",
+        during,
+    )
+    .await
+    .unwrap();
+    let contended = within(
+        Duration::from_secs(5),
+        "the try after the migration",
+        contender,
+    )
+    .await
+    .unwrap();
     let released = guard.unlock().await;
     let other = a.lock("elsewhere").unwrap();
     let alive = other.try_lock().await.map(|g| g.is_some());
     eprintln!(
-        "is_locked meeting ASK: {during:?}; release after: {released:?}; another lock: {alive:?}"
+        "is_locked meeting ASK: {during:?}; a try meeting ASK: {contended:?}; release after: \
+         {released:?}; another lock: {alive:?}"
     );
-    assert!(during.expect("is_locked follows ASK"));
+    assert!(during.expect("is_locked waits out ASK"));
+    assert!(
+        !contended.expect("the try waits out ASK"),
+        "the lock was held"
+    );
     released.expect("release after the migration");
     assert!(alive.expect("the client still works"));
+    assert!(!lock.is_locked().await.unwrap());
 }
 
 /// Every name works on a fresh cluster, wherever its slot is, with no script loaded by hand.
@@ -453,13 +480,13 @@ async fn every_kind_on_three_primaries() {
 /// The migration dwells half-done for two leases, then the keys move and the slot is on the
 /// target (`MOVED`): renewals and the release keep working, the waiter gets it.
 ///
-/// Issue 16: passes about 4 runs in 5. When a renewal lands in the few milliseconds between
-/// the `MIGRATE` and the `SETSLOT NODE`, it meets `ASK` and fred's client stops for good (see
-/// `a_command_meeting_ask_is_redirected_and_the_client_survives`): renewals stall, the hold
-/// is lost locally and the release fails with `LockError::Timeout`. Otherwise the one renewal
-/// meeting `MOVED` fails (`errors: 1`) and the next one, after fred's resync, succeeds.
+/// No renewal fails: one landing between the `MIGRATE` and the `SETSLOT NODE` meets `ASK` and
+/// is resent until the slot has moved; one after it meets `MOVED` and is resent to the new owner.
+///
+/// Failed about 1 run in 5 before (issue 16): a renewal meeting `ASK` stopped fred's client for
+/// good (see `a_command_meeting_ask_waits_for_the_migration_and_the_client_survives`), and one
+/// meeting `MOVED` failed (`errors: 1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 16: intermittent (about 1 run in 5): a renewal meeting ASK mid-migration stops fred's clustered client, then the release times out"]
 async fn slot_migration_while_held_and_waited() {
     let started = Instant::now();
     let cluster = start_cluster_with_scripts();
@@ -521,6 +548,7 @@ async fn slot_migration_while_held_and_waited() {
         "the hold survived the migration: {stats:?}"
     );
     assert_eq!(stats.lost, 0, "{stats:?}");
+    assert_eq!(stats.errors, before.errors, "no renewal failed: {stats:?}");
     assert!(stats.renewed >= after_move.renewed + 2, "{stats:?}");
     assert_eq!(
         cluster

@@ -1,7 +1,9 @@
 //! One typed call per script: arguments in, a typed reply (or a classified [`LockError`]) out.
 //!
-//! These functions send exactly one script call (plus SCRIPT LOAD after NOSCRIPT) and never
-//! wait or retry: waiting, deadlines and renewal policy live in the crates above.
+//! These functions send exactly one script call or read (plus SCRIPT LOAD after NOSCRIPT, and
+//! resends of a command that a cluster redirected, which did not run: [`resend_not_run`]) and
+//! never wait for a lock or retry a failure: waiting, deadlines and renewal policy live in the
+//! crates above.
 
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use fred::prelude::Value;
 use fred::types::Key;
 
 use crate::error::from_fred;
+use crate::scripts::resend_not_run;
 use crate::scripts::Scripts;
 use crate::{FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result};
 
@@ -332,13 +335,14 @@ pub async fn semaphore_state<C: fred::interfaces::HashesInterface + Send + Sync>
     client: &C,
     keys: &LockKeys,
 ) -> Result<Option<(i64, i64)>> {
-    let fields: (Option<i64>, Option<i64>) = client
-        .hmget(
+    let fields: (Option<i64>, Option<i64>) = resend_not_run(|| {
+        client.hmget(
             keys.hash_str(),
             vec![crate::protocol::PERMITS_FIELD, crate::protocol::USED_FIELD],
         )
-        .await
-        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    })
+    .await
+    .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(fields.0.map(|permits| (permits, fields.1.unwrap_or(0))))
 }
 
@@ -389,10 +393,10 @@ pub async fn latch_count<C: fred::interfaces::HashesInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,
 ) -> Result<u64> {
-    let count: Option<i64> = client
-        .hget(keys.hash_str(), crate::protocol::LATCH_FIELD)
-        .await
-        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    let count: Option<i64> =
+        resend_not_run(|| client.hget(keys.hash_str(), crate::protocol::LATCH_FIELD))
+            .await
+            .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(count.unwrap_or(0).max(0) as u64)
 }
 
@@ -640,8 +644,7 @@ pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>
     keys: &LockKeys,
     client_id: &str,
 ) -> Result<()> {
-    client
-        .zrem::<(), _, _>(keys.queue_str(), client_id)
+    resend_not_run(|| client.zrem::<(), _, _>(keys.queue_str(), client_id))
         .await
         .map_err(|e| from_fred(e, &[keys.queue()]))
 }
@@ -706,8 +709,7 @@ pub async fn is_locked<C: fred::interfaces::KeysInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,
 ) -> Result<bool> {
-    let n: i64 = client
-        .exists(keys.hash_str())
+    let n: i64 = resend_not_run(|| client.exists(keys.hash_str()))
         .await
         .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(n == 1)
@@ -723,8 +725,7 @@ pub async fn hold_count<C: fred::interfaces::HashesInterface + Send + Sync>(
         LockKind::Read => format!("{}{}", crate::protocol::READ_FIELD_PREFIX, owner.id()),
         _ => owner.id().to_string(),
     };
-    let count: Option<u64> = client
-        .hget(keys.hash_str(), field)
+    let count: Option<u64> = resend_not_run(|| client.hget(keys.hash_str(), field.as_str()))
         .await
         .map_err(|e| from_fred(e, &[keys.hash()]))?;
     Ok(count.unwrap_or(0))

@@ -133,21 +133,26 @@ pub(crate) enum Class {
     WrongType(Option<usize>),
     /// A read/write lock's acquire script refused an upgrade (`UPGRADE ...`).
     Upgrade,
+    /// The command certainly did not run and may be sent again: a cluster node redirected it
+    /// (`MOVED`/`ASK`, which the client is built not to follow: see
+    /// [`crate::scripts::resend_not_run`]) or answered `TRYAGAIN` (a multi-key command during
+    /// its slot's migration).
+    NotRun,
     Other,
 }
 
+/// fred's words when a command met `MOVED` or `ASK` and may not be redirected (the client
+/// sets `max_redirections: 0`). fred has synced its slot map first on `MOVED`.
+const REDIRECTED: &str = "Too many redirections.";
+
 /// Server error codes after which a retry later may succeed: the server is loading, running a
 /// long script, failing over, or its cluster is reconfiguring.
-const UNAVAILABLE_CODES: [&str; 6] = [
-    "LOADING",
-    "BUSY",
-    "MASTERDOWN",
-    "READONLY",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-];
+const UNAVAILABLE_CODES: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN"];
 
 pub(crate) fn classify(error: &FredError) -> Class {
+    if error.kind() == &ErrorKind::Routing && error.details() == REDIRECTED {
+        return Class::NotRun;
+    }
     match error.kind() {
         ErrorKind::Timeout => return Class::Timeout,
         ErrorKind::IO | ErrorKind::Canceled | ErrorKind::Backpressure | ErrorKind::Routing => {
@@ -176,6 +181,7 @@ pub(crate) fn classify(error: &FredError) -> Class {
         "NOPERM" | "NOAUTH" | "WRONGPASS" => Class::PermissionDenied,
         "WRONGTYPE" => Class::WrongType(words.next().and_then(|w| w.parse().ok())),
         "UPGRADE" => Class::Upgrade,
+        "TRYAGAIN" => Class::NotRun,
         code if UNAVAILABLE_CODES.contains(&code) => Class::Connection,
         // Inside a script Redis 7 reports a refused command as "ERR ... script: ..." with the
         // ACL's own words; older servers say "The user executing the script can't run this
@@ -220,7 +226,8 @@ impl LockError {
 pub(crate) fn from_fred(error: FredError, keys: &[&str]) -> LockError {
     match classify(&error) {
         Class::Timeout => LockError::Timeout,
-        Class::Connection => LockError::Connection(RedisError(error)),
+        // Still redirected after `LuaScript::call`'s retries: the slot is migrating for longer.
+        Class::Connection | Class::NotRun => LockError::Connection(RedisError(error)),
         Class::PermissionDenied => LockError::PermissionDenied(RedisError(error)),
         Class::WrongType(index) => {
             let key = index
@@ -293,5 +300,19 @@ mod tests {
             classify(&reply("NOSCRIPT No matching script.")),
             Class::NoScript
         );
+        assert_eq!(
+            classify(&reply(
+                "TRYAGAIN Multiple keys request during rehashing of slot"
+            )),
+            Class::NotRun
+        );
+        assert_eq!(
+            classify(&FredError::new(ErrorKind::Routing, REDIRECTED)),
+            Class::NotRun
+        );
+        assert!(matches!(
+            from_fred(FredError::new(ErrorKind::Routing, REDIRECTED), &keys),
+            LockError::Connection(_)
+        ));
     }
 }

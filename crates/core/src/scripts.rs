@@ -12,12 +12,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
 
 use bytes_utils::Str;
 use fred::interfaces::LuaInterface;
 use fred::prelude::{Error as FredError, FromValue};
 use fred::types::scripts::Script;
 use fred::types::{MultipleKeys, MultipleValues};
+use tokio::time::Instant;
 
 use crate::error::{classify, Class};
 use crate::protocol::{
@@ -51,7 +53,11 @@ impl LuaScript {
     }
 
     /// Runs the script with EVALSHA, loading it first when Redis answers NOSCRIPT; `build`
-    /// makes the keys and arguments, and is called again only for that resend.
+    /// makes the keys and arguments, and is called again only for a resend.
+    ///
+    /// A resend happens only when the server said that the script did not run: after
+    /// `NOSCRIPT` (the script is loaded, on every primary of a cluster, and sent again), and
+    /// on a cluster after `MOVED`, `ASK` or `TRYAGAIN` ([`resend_not_run`]).
     ///
     /// Keeping a copy of the keys and arguments instead, for a resend that almost never happens
     /// (scripts are preloaded at connect), cost two allocations per acquire and per release,
@@ -62,8 +68,11 @@ impl LuaScript {
         C: LuaInterface + Send + Sync,
         F: Fn() -> (MultipleKeys, MultipleValues) + Send,
     {
-        let (keys, args) = build();
-        match client.evalsha(self.sha1.clone(), keys, args).await {
+        let send = || {
+            let (keys, args) = build();
+            client.evalsha(self.sha1.clone(), keys, args)
+        };
+        match resend_not_run(send).await {
             Err(error) if classify(&error) == Class::NoScript => {
                 // On a cluster SCRIPT LOAD reaches one node: load on every primary (the one
                 // that answered NOSCRIPT may be any of them, or a replica just promoted).
@@ -74,13 +83,58 @@ impl LuaScript {
                 } else {
                     client.script_load::<(), _>(self.lua.as_str()).await?;
                 }
-                let (keys, args) = build();
-                client.evalsha(self.sha1.clone(), keys, args).await
+                resend_not_run(send).await
             }
             result => result,
         }
     }
 }
+
+/// Sends a command, and sends it again while a cluster answers that it did not run it: the
+/// slot has a new owner (`MOVED`, after a failover or a migration) or is migrating (`ASK`,
+/// `TRYAGAIN`). Pauses start at 1 ms and double up to 50 ms; after [`NOT_RUN_PATIENCE`] the
+/// last error is returned (callers bound the wait with their own budget first).
+///
+/// # Why leasehold redirects, not fred
+/// The client is built so that fred never writes a state change twice
+/// (`max_command_attempts: 1`: a resent acquire would count a hold twice). fred counts a
+/// redirection as a write attempt, so under that setting it fails a redirected command anyway,
+/// and fred 10.1 does not follow `ASK` correctly in any case: it sends `ASKING` to the
+/// importing node and then the command to the old owner again, until its attempts run out and
+/// its router stops for good. So the client allows no redirections (`max_redirections: 0`):
+/// fred resyncs its slot map on `MOVED` and reports the redirection, and it is sent again here,
+/// where it is certain that nothing ran.
+///
+/// `ASK` is not followed to the importing node: that needs `ASKING` and the command on one
+/// connection with nothing between them. A lock's scripts touch several keys, so the importing
+/// node would answer `TRYAGAIN` until every key had moved anyway. A command on a migrating slot
+/// waits for the migration's end (`MOVED`); a slot with a few lock keys moves in milliseconds.
+pub async fn resend_not_run<T, F, Fut>(send: F) -> Result<T, FredError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, FredError>>,
+{
+    let mut pause = Duration::from_millis(1);
+    let mut patience = None;
+    loop {
+        let error = match send().await {
+            Err(error) if classify(&error) == Class::NotRun => error,
+            result => return result,
+        };
+        let until = *patience.get_or_insert_with(|| Instant::now() + NOT_RUN_PATIENCE);
+        if Instant::now() + pause > until {
+            return Err(error);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_NOT_RUN_PAUSE);
+    }
+}
+
+/// How long [`resend_not_run`] keeps resending a command that a cluster redirected or asked to
+/// try again (a slot migrating or failing over) before it reports a connection error.
+pub const NOT_RUN_PATIENCE: Duration = Duration::from_secs(10);
+/// The longest pause between those resends (they start at 1 ms and double).
+const MAX_NOT_RUN_PAUSE: Duration = Duration::from_millis(50);
 
 /// Replaces the protocol placeholders of a script file.
 fn fill(template: &str, protocol: &Protocol) -> String {
