@@ -11,7 +11,7 @@ use fred::types::config::{Config, ConnectionConfig, PerformanceConfig, Reconnect
 use fred::types::Builder;
 use leasehold_core::protocol::{Protocol, DEFAULT_TURN_GRACE};
 use leasehold_core::scripts::Scripts;
-use leasehold_core::{ClientId, DropGuard, Lease, LockError, Prefix, Result};
+use leasehold_core::{ClientId, DropGuard, Lease, LockError, Prefix, ReplicaSync, Result};
 use leasehold_pubsub::{NotifierSettings, ReleaseNotifier};
 use leasehold_watchdog::{ScriptRenewer, Watchdog, WatchdogConfig};
 
@@ -45,6 +45,31 @@ async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
         .await
         .map_err(LockError::from_redis)?;
     Ok(())
+}
+
+/// Refuses a `WAITAOF` policy on a server that lacks the command (before Redis 7.2) at build,
+/// rather than failing every grant.
+async fn require_waitaof(redis: &Client, timeout: Duration) -> Result<()> {
+    use fred::types::{ClusterHash, CustomCommand};
+    let info = redis.custom::<fred::types::Value, _>(
+        CustomCommand::new_static("COMMAND", ClusterHash::Random, false),
+        vec!["INFO", "WAITAOF"],
+    );
+    let reply = match tokio::time::timeout(timeout, info).await {
+        Ok(reply) => reply.map_err(LockError::from_redis)?,
+        Err(_) => return Err(LockError::Timeout),
+    };
+    let known = matches!(&reply, fred::types::Value::Array(entries)
+        if entries.first().is_some_and(|e| !e.is_null()));
+    if known {
+        Ok(())
+    } else {
+        Err(LockError::InvalidArgument(
+            "ReplicaSync::Aof needs WAITAOF (Redis 7.2 or later); this server lacks it: use \
+             ReplicaSync::Replicas"
+                .into(),
+        ))
+    }
 }
 
 impl LockClient {
@@ -98,6 +123,7 @@ pub struct LockClientBuilder {
     renew_batch: usize,
     turn_grace: Duration,
     linger: Duration,
+    replica_sync: ReplicaSync,
 }
 
 /// Shows the server, never the credentials in the fred `Config`.
@@ -115,6 +141,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("renew_batch", &self.renew_batch)
             .field("turn_grace", &self.turn_grace)
             .field("subscription_linger", &self.linger)
+            .field("replica_sync", &self.replica_sync)
             .finish_non_exhaustive()
     }
 }
@@ -131,6 +158,7 @@ impl LockClientBuilder {
             renew_batch: 1000,
             turn_grace: DEFAULT_TURN_GRACE,
             linger: DEFAULT_SUBSCRIPTION_LINGER,
+            replica_sync: ReplicaSync::None,
         }
     }
 
@@ -184,6 +212,40 @@ impl LockClientBuilder {
         self
     }
 
+    /// Replica sync (default [`ReplicaSync::None`]): after every grant, renewal and release of
+    /// every kind of lock, wait until the primary reports that the change reached `replicas`
+    /// replicas (`WAIT`) or their append-only files (`WAITAOF`, Redis 7.2+).
+    ///
+    /// - A **grant** is reported only then. One that did not reach them within the timeout is
+    ///   rolled back and fails with [`LockError::NotReplicated`] (transient: `lock()` and
+    ///   bounded waits try again). [`LockGuard::replica_sync`](crate::LockGuard::replica_sync)
+    ///   says what a grant reached.
+    /// - A **renewal** that did not reach them counts as failed: the hold keeps the deadline of
+    ///   its last synced renewal, and is lost (the guard's lost signal) if that passes.
+    /// - A **release** is never failed for lack of replicas (the lock is free on the primary
+    ///   either way); a shortfall is logged at WARN.
+    ///
+    /// The wait costs a round trip plus the replication delay on every state change, and a
+    /// replica that does not answer delays the client's other commands on that primary's
+    /// connection by up to the timeout. It narrows the window in which a failover loses a
+    /// grant; it does not close it (docs/deployments.md). Per lock: build a second client with
+    /// another policy.
+    ///
+    /// ```no_run
+    /// # async fn f() -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    /// use leasehold::{LockClient, ReplicaSync};
+    /// let client = LockClient::builder("redis-sentinel://127.0.0.1:26379/0?sentinelServiceName=locks")
+    ///     .replica_sync(ReplicaSync::Replicas { replicas: 1, timeout: Duration::from_millis(50) })
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn replica_sync(mut self, policy: ReplicaSync) -> Self {
+        self.replica_sync = policy;
+        self
+    }
+
     /// Connects and starts the watchdog.
     ///
     /// # Errors
@@ -218,6 +280,7 @@ impl LockClientBuilder {
                 self.turn_grace
             )));
         }
+        self.replica_sync.validate(self.command_timeout)?;
         let mut builder = Builder::from_config(config);
         builder
             .set_policy(self.reconnect.clone())
@@ -248,6 +311,9 @@ impl LockClientBuilder {
             move || quit_in_background(&redis)
         });
         connect(&redis, self.command_timeout).await?;
+        if matches!(self.replica_sync, ReplicaSync::Aof { .. }) {
+            require_waitaof(&redis, self.command_timeout).await?;
+        }
         let protocol = Protocol {
             turn_grace: self.turn_grace,
         };
@@ -281,6 +347,7 @@ impl LockClientBuilder {
                 client: redis.clone(),
                 scripts: scripts.clone(),
                 timeout: self.command_timeout,
+                sync: self.replica_sync,
             },
             WatchdogConfig {
                 lease,
@@ -299,6 +366,7 @@ impl LockClientBuilder {
                 holds,
                 notifier,
                 lock_metrics: LockMetrics::register(KIND_LOCK),
+                replica_sync: self.replica_sync,
             }),
         })
     }

@@ -10,7 +10,7 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use leasehold_core::scripts::Scripts;
 use leasehold_core::telemetry::LockMetrics;
-use leasehold_core::{ClientId, LockKeys, Owner, Prefix, Result};
+use leasehold_core::{ClientId, LockKeys, Owner, Prefix, ReplicaSync, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
 use tokio::time::Instant;
@@ -96,6 +96,9 @@ pub(crate) struct ClientInner {
     pub(crate) notifier: ReleaseNotifier,
     /// The plain lock's metrics (handles registered when the client was built).
     pub(crate) lock_metrics: LockMetrics,
+    /// How many replicas a grant, renewal and release must reach
+    /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)).
+    pub(crate) replica_sync: ReplicaSync,
 }
 
 impl Drop for ClientInner {

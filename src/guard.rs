@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::commands::ReleaseKind;
-use leasehold_core::{FencingToken, HoldId, Lease, LockError, Owner, Result};
+use leasehold_core::{FencingToken, HoldId, Lease, LockError, Owner, Result, Synced};
 use leasehold_watchdog::HoldGuard;
 use tokio::time::Instant;
 
@@ -67,6 +67,8 @@ pub struct LockGuard<'a> {
     task_owned: bool,
     /// When the grant was answered: the hold time in the metrics is measured from here.
     acquired_at: Instant,
+    /// What the grant reached under the client's replica sync policy.
+    synced: Option<Synced>,
     /// Borrows the handle the guard came from (see the type's docs).
     _lock: PhantomData<&'a ()>,
 }
@@ -91,6 +93,7 @@ impl<'a> LockGuard<'a> {
         hold_count: u64,
         share: HoldGuard,
         task_owned: bool,
+        synced: Option<Synced>,
     ) -> LockGuard<'a> {
         LockGuard {
             client,
@@ -100,6 +103,7 @@ impl<'a> LockGuard<'a> {
             share: Some(share),
             task_owned,
             acquired_at: Instant::now(),
+            synced,
             _lock: PhantomData,
         }
     }
@@ -118,6 +122,14 @@ impl<'a> LockGuard<'a> {
     /// the same for re-entries of one grant. Send it with every write to the protected resource.
     pub fn fencing_token(&self) -> FencingToken {
         self.fence
+    }
+
+    /// What this acquire reached under the client's replica sync policy
+    /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)): the
+    /// replicas that acknowledged it (at least the policy's number: a grant that reached fewer
+    /// was rolled back and never became a guard). `None` without a policy.
+    pub fn replica_sync(&self) -> Option<Synced> {
+        self.synced
     }
 
     /// The owner's hold count right after this acquire (1 for a first grant, more for
@@ -210,6 +222,7 @@ impl<'a> LockGuard<'a> {
             share,
             task_owned: self.task_owned,
             acquired_at: self.acquired_at,
+            synced: self.synced,
             _lock: PhantomData,
         }
     }

@@ -75,8 +75,8 @@ pub use guard::LockGuard;
 pub use latch::Latch;
 pub use leasehold_core::protocol::DEFAULT_TURN_GRACE;
 pub use leasehold_core::{
-    FencingToken, Lease, LockError, LockKeys, LockKind, Owner, RedisError, Result, MAX_LEASE,
-    MAX_NAME_LEN,
+    FencingToken, Lease, LockError, LockKeys, LockKind, Owner, RedisError, ReplicaSync, Result,
+    Synced, MAX_LEASE, MAX_NAME_LEN,
 };
 pub use leasehold_watchdog::WatchdogStats;
 pub use lock::Lock;

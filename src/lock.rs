@@ -7,7 +7,7 @@ use std::time::Duration;
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind, Waiter};
 use leasehold_core::telemetry::{LockMetrics, Outcome};
 use leasehold_core::{
-    DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result,
+    DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result, Synced,
 };
 use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode, Prepared, WaitingEntry};
 use tokio::time::Instant;
@@ -473,6 +473,7 @@ impl Lock {
             granted.hold_count,
             granted.share,
             self.owner.is_none(),
+            granted.synced,
         )
     }
 }
@@ -505,12 +506,29 @@ impl LockGuard<'_> {
     }
 }
 
+/// Waits until a state change of `keys` reached the replicas the client's replica sync policy
+/// asks for: `Ok(None)` without a policy (nothing is sent), the replicas reached, or
+/// [`LockError::NotReplicated`] when fewer acknowledged within the policy's timeout.
+pub(crate) async fn replicated(client: &ClientInner, keys: &LockKeys) -> Result<Option<Synced>> {
+    let policy = client.replica_sync;
+    match policy.wait(&client.redis, keys).await? {
+        Some(synced) if !policy.met_by(synced) => Err(LockError::NotReplicated {
+            name: keys.name().to_string(),
+            replicas: synced.replicas,
+            required: policy.replicas(),
+        }),
+        synced => Ok(synced),
+    }
+}
+
 /// A grant of the plain lock, before it becomes a guard.
 pub(crate) struct Granted {
     owner: Owner,
     fence: FencingToken,
     hold_count: u64,
     share: HoldGuard,
+    /// What the grant reached under the client's replica sync policy (`None`: no policy).
+    synced: Option<Synced>,
 }
 
 /// One acquire of the plain lock: the acquire script for one hold and lease.
@@ -695,6 +713,15 @@ impl LockAttempt<'_> {
         );
         match reply {
             Ok(commands::Acquire::Granted { hold_count, fence }) => {
+                // Replica sync: the grant counts once the replicas have it. Until then
+                // `pending` stays armed: a shortfall, an error or a drop here rolls the grant
+                // back (the settle takes back exactly the hold this acquire produced).
+                // (Boxed: without a policy, the common case, this future is never built.)
+                let synced = if client.replica_sync.is_none() {
+                    None
+                } else {
+                    Box::pin(replicated(client, &self.hold.keys)).await?
+                };
                 pending.disarm();
                 let share = client
                     .holds
@@ -704,6 +731,7 @@ impl LockAttempt<'_> {
                     fence,
                     hold_count,
                     share,
+                    synced,
                 }))
             }
             Ok(commands::Acquire::Held { ttl }) => {

@@ -93,6 +93,9 @@ impl Release {
             Ok(commands::Release::Released) => {
                 pending.disarm();
                 self.wake_own_line();
+                if !client.replica_sync.is_none() {
+                    Box::pin(self.replicate()).await;
+                }
                 Ok(())
             }
             Ok(commands::Release::NotHeld | commands::Release::Unchanged) => {
@@ -104,6 +107,19 @@ impl Release {
             Err(error) => {
                 pending.disarm();
                 Err(error)
+            }
+        }
+    }
+
+    /// Replica sync of a release: waits for the replicas as the policy says, but never fails
+    /// the release for lack of them (it ran on the primary; a failover that loses it leaves
+    /// the lock held until its lease ends, which delays the next owner, never doubles one).
+    async fn replicate(&self) {
+        let keys = &self.hold.keys;
+        match crate::lock::replicated(&self.client, keys).await {
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(lock = %keys.name(), %error, "release not synced to replicas")
             }
         }
     }

@@ -256,6 +256,12 @@ impl Permit {
         self.guard.fencing_token()
     }
 
+    /// What the acquire reached under the client's replica sync policy (see
+    /// [`LockGuard::replica_sync`]).
+    pub fn replica_sync(&self) -> Option<crate::Synced> {
+        self.guard.replica_sync()
+    }
+
     /// Whether its lease is still certainly valid (see [`LockGuard::is_held`]).
     pub fn is_held(&self) -> bool {
         self.guard.is_held()

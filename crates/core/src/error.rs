@@ -72,6 +72,20 @@ pub enum LockError {
         /// The lock name.
         name: String,
     },
+    /// A grant did not reach the replicas the client's replica sync policy asks for
+    /// (`LockClientBuilder::replica_sync`) within its timeout: it was rolled back, nothing is
+    /// held. Transient: a waiting acquire tries again (a bounded one until its deadline).
+    #[error(
+        "lock {name:?} was granted but reached {replicas} of the {required} replicas required          in time: rolled back"
+    )]
+    NotReplicated {
+        /// The lock name.
+        name: String,
+        /// Replicas that acknowledged the grant.
+        replicas: u32,
+        /// Replicas the policy asks for.
+        required: u32,
+    },
     /// A quorum lock (`RedLock`) could not reach a majority of its servers: fewer than
     /// `needed` of the `servers` answered, the others failed or did not answer within the
     /// per-server timeout. Nothing is held: what some servers granted was released. Transient:
@@ -199,7 +213,10 @@ impl LockError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            LockError::Timeout | LockError::Connection(_) | LockError::QuorumUnreachable { .. }
+            LockError::Timeout
+                | LockError::Connection(_)
+                | LockError::QuorumUnreachable { .. }
+                | LockError::NotReplicated { .. }
         )
     }
 
@@ -226,7 +243,7 @@ impl LockError {
 pub(crate) fn from_fred(error: FredError, keys: &[&str]) -> LockError {
     match classify(&error) {
         Class::Timeout => LockError::Timeout,
-        // Still redirected after `LuaScript::call`'s retries: the slot is migrating for longer.
+        // Still redirected after `resend_not_run`'s resends: the slot is migrating for longer.
         Class::Connection | Class::NotRun => LockError::Connection(RedisError(error)),
         Class::PermissionDenied => LockError::PermissionDenied(RedisError(error)),
         Class::WrongType(index) => {

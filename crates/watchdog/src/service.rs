@@ -12,7 +12,7 @@ use fred::clients::Client;
 use leasehold_core::commands::{self, Renewal};
 use leasehold_core::scripts::Scripts;
 use leasehold_core::telemetry::{self, WatchdogMetrics};
-use leasehold_core::{Lease, LockError};
+use leasehold_core::{Lease, LockError, ReplicaSync};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
@@ -40,13 +40,33 @@ pub struct ScriptRenewer {
     pub scripts: Arc<Scripts>,
     /// How long to wait for a batch's reply.
     pub timeout: Duration,
+    /// The client's replica sync policy: a batch counts as renewed only once the replicas it
+    /// asks for have it (`WAIT` after the script); otherwise it failed, and each grant keeps
+    /// the deadline its last synced renewal gave it.
+    pub sync: ReplicaSync,
 }
 
 impl Renewer for ScriptRenewer {
     fn renew(&self, holds: Vec<Renewal>, lease: Lease) -> RenewFuture {
         let this = self.clone();
         Box::pin(async move {
-            let call = commands::renew(&this.client, &this.scripts, &holds, lease);
+            let call = async {
+                let renewed = commands::renew(&this.client, &this.scripts, &holds, lease).await?;
+                // A batch shares one slot (on Cluster), so one primary: one WAIT covers it.
+                if let Some(first) = holds.first() {
+                    let keys = &first.hold.keys;
+                    if let Some(synced) = this.sync.wait(&this.client, keys).await? {
+                        if !this.sync.met_by(synced) {
+                            return Err(LockError::NotReplicated {
+                                name: keys.name().to_string(),
+                                replicas: synced.replicas,
+                                required: this.sync.replicas(),
+                            });
+                        }
+                    }
+                }
+                Ok(renewed)
+            };
             tokio::time::timeout(this.timeout, call)
                 .await
                 .unwrap_or(Err(LockError::Timeout))

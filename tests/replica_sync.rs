@@ -1,0 +1,378 @@
+//! Replica sync (issue 16): a primary with one replica, failed over by hand so that the test
+//! decides what the replica has: the replication link (through a testkit proxy) is cut while
+//! the primary grants, the primary is killed, the replica promoted (`REPLICAOF NO ONE`), and a second client
+//! connects to it. This is what a Sentinel or Cluster failover does, without the election's
+//! seconds.
+//!
+//! - Without sync the grant the replica missed is granted twice (recorded), and the fencing
+//!   token still rejects the stale holder's write.
+//! - With `ReplicaSync::Replicas { replicas: 1, .. }` a grant is reported only once the replica
+//!   has it (it survives the failover), and a grant the cut-off replica missed is rolled back
+//!   with `LockError::NotReplicated`.
+//! - A renewal the replica missed counts as failed: the hold is lost when its last synced
+//!   deadline passes. A release is never failed for lack of replicas.
+
+use std::time::{Duration, Instant};
+
+use leasehold::{FencingToken, LockClient, LockError, ReplicaSync, Synced};
+use leasehold_testkit::{Proxy, RedisServer};
+
+const SYNC: ReplicaSync = ReplicaSync::Replicas {
+    replicas: 1,
+    timeout: Duration::from_millis(200),
+};
+
+/// A primary and a replica of it, in sync, replicating through a proxy that can cut the link.
+struct Pair {
+    primary: RedisServer,
+    replica: RedisServer,
+    link: Proxy,
+}
+
+impl Pair {
+    async fn start() -> Pair {
+        let primary = RedisServer::start().unwrap_or_else(|e| panic!("cannot start redis: {e}"));
+        let link = Proxy::start(primary.addr()).await.unwrap();
+        let replica = RedisServer::builder()
+            .args(["--replicaof", "127.0.0.1", &link.port().to_string()])
+            .start()
+            .unwrap_or_else(|e| panic!("cannot start the replica: {e}"));
+        let pair = Pair {
+            primary,
+            replica,
+            link,
+        };
+        pair.until_synced().await;
+        pair
+    }
+
+    /// Waits until the replica's link is up and it has everything the primary wrote.
+    async fn until_synced(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let replica = self.replica.info("replication").unwrap();
+            let primary = self.primary.info("replication").unwrap();
+            let offset = |info: &str, field: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .map(|v| v.trim().to_string())
+            };
+            if replica.contains("master_link_status:up")
+                && primary.contains("connected_slaves:1")
+                && offset(&primary, "master_repl_offset:") == offset(&replica, "slave_repl_offset:")
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica did not sync within 20 s: {replica}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Cuts the replication link: what the primary writes from now on never reaches the
+    /// replica (the bytes are dropped, not buffered: a paused replica would still read them
+    /// from its socket once resumed).
+    fn cut(&self) {
+        self.link.partition();
+    }
+
+    /// Restores the link; the replica reconnects and catches up from the primary's backlog.
+    async fn restore(&self) {
+        self.link.heal();
+        self.link.close_all();
+        self.until_synced().await;
+    }
+
+    /// Kills the primary and promotes the replica, as a failover would.
+    fn fail_over(&self) {
+        self.primary.kill().unwrap();
+        self.replica.command(&["REPLICAOF", "NO", "ONE"]).unwrap();
+    }
+}
+
+async fn client(url: &str, sync: ReplicaSync) -> LockClient {
+    LockClient::builder(url)
+        .command_timeout(Duration::from_secs(2))
+        .replica_sync(sync)
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// A fenced store: accepts a write only with a token at least the highest it has seen.
+#[derive(Default)]
+struct Store {
+    highest: Option<FencingToken>,
+}
+
+impl Store {
+    fn write(&mut self, token: FencingToken) -> bool {
+        if self.highest.is_some_and(|h| token < h) {
+            return false;
+        }
+        self.highest = Some(token);
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sync_a_failover_before_replication_grants_twice() {
+    let pair = Pair::start().await;
+    let a = client(&pair.primary.url(), ReplicaSync::None).await;
+    pair.cut();
+    let lock_a = a.lock("last-item").unwrap();
+    let first = lock_a.try_lock().await.unwrap().expect("free");
+    assert_eq!(first.replica_sync(), None, "no policy, nothing reported");
+    pair.fail_over();
+    let b = client(&pair.replica.url(), ReplicaSync::None).await;
+    let lock_b = b.lock("last-item").unwrap();
+    let second = lock_b
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("the promoted replica never had the grant: it grants again");
+    eprintln!(
+        "granted twice without sync: A token {} (still believes it holds: {}), B token {}",
+        first.fencing_token(),
+        first.is_held(),
+        second.fencing_token()
+    );
+    assert!(first.is_held() && second.is_held(), "two owners hold it");
+    // The fence still orders them: the promoted replica's counter is floored at server time.
+    assert!(second.fencing_token() > first.fencing_token());
+    let mut store = Store::default();
+    assert!(store.write(second.fencing_token()), "the new holder writes");
+    assert!(
+        !store.write(first.fencing_token()),
+        "the stale holder's write is refused"
+    );
+    second.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sync_a_reported_grant_survives_the_failover() {
+    let pair = Pair::start().await;
+    let a = client(&pair.primary.url(), SYNC).await;
+    let lock_a = a.lock("last-item").unwrap();
+    let guard = lock_a.try_lock().await.unwrap().expect("free");
+    assert_eq!(
+        guard.replica_sync(),
+        Some(Synced {
+            replicas: 1,
+            local_aof: false
+        }),
+        "reported once the replica has it"
+    );
+    pair.fail_over();
+    let b = client(&pair.replica.url(), SYNC).await;
+    let lock_b = b.lock("last-item").unwrap();
+    assert!(
+        lock_b.try_lock().await.unwrap().is_none(),
+        "the promoted replica has the grant: no second owner"
+    );
+    assert!(lock_b.is_locked().await.unwrap());
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_sync_a_grant_the_replica_missed_is_rolled_back() {
+    let pair = Pair::start().await;
+    let a = client(&pair.primary.url(), SYNC).await;
+    let lock = a.lock("last-item").unwrap();
+    pair.cut();
+    match lock.try_lock().await {
+        Err(LockError::NotReplicated {
+            replicas: 0,
+            required: 1,
+            ..
+        }) => {}
+        other => panic!("expected NotReplicated, got {other:?}"),
+    }
+    // Rolled back on the primary (the settle runs in the background).
+    let hash = lock.keys().hash().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pair.primary.command(&["EXISTS", &hash]).unwrap().as_int() != Some(0) {
+        assert!(Instant::now() < deadline, "the grant was not rolled back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A bounded wait keeps trying until its deadline, then says why.
+    match lock.try_lock_for(Duration::from_millis(700)).await {
+        Err(LockError::NotReplicated { .. }) => {}
+        other => panic!("expected NotReplicated at the deadline, got {other:?}"),
+    }
+    pair.restore().await;
+    let guard = lock
+        .try_lock_for(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("granted once the replica is back");
+    assert_eq!(guard.replica_sync().map(|s| s.replicas), Some(1));
+    // Then the failover: the one owner is A, and B sees it held.
+    pair.fail_over();
+    let b = client(&pair.replica.url(), SYNC).await;
+    assert!(b
+        .lock("last-item")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .is_none());
+    drop(guard);
+}
+
+/// Every kind takes its grants through the one engine, so every kind is synced alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_is_synced_and_rolled_back_alike() {
+    let pair = Pair::start().await;
+    let a = client(&pair.primary.url(), SYNC).await;
+    let one = Some(1);
+    let fair = a.fair_lock("fair").unwrap();
+    let rw = a.rw_lock("rw").unwrap();
+    let sem = a.semaphore("sem").unwrap();
+    sem.set_permits(2).await.unwrap();
+    {
+        let f = fair.try_lock().await.unwrap().expect("free");
+        let r = rw.read().try_lock().await.unwrap().expect("free");
+        let p = sem.try_acquire(1).await.unwrap().expect("free");
+        assert_eq!(f.replica_sync().map(|s| s.replicas), one);
+        assert_eq!(r.replica_sync().map(|s| s.replicas), one);
+        assert_eq!(p.replica_sync().map(|s| s.replicas), one);
+        f.unlock().await.unwrap();
+        r.unlock().await.unwrap();
+        p.release().await.unwrap();
+    }
+    pair.cut();
+    assert!(matches!(
+        fair.try_lock().await,
+        Err(LockError::NotReplicated { .. })
+    ));
+    assert!(matches!(
+        rw.write().try_lock().await,
+        Err(LockError::NotReplicated { .. })
+    ));
+    assert!(matches!(
+        sem.try_acquire(2).await,
+        Err(LockError::NotReplicated { .. })
+    ));
+    // Each rolled back: free again on the primary.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let b = client(&pair.primary.url(), ReplicaSync::None).await;
+    loop {
+        let free = !b.fair_lock("fair").unwrap().is_locked().await.unwrap()
+            && !b.rw_lock("rw").unwrap().write().is_locked().await.unwrap()
+            && b.semaphore("sem")
+                .unwrap()
+                .available_permits()
+                .await
+                .unwrap()
+                == 2;
+        if free {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a grant was not rolled back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pair.restore().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_never_failed_for_lack_of_replicas() {
+    let pair = Pair::start().await;
+    let a = client(&pair.primary.url(), SYNC).await;
+    let lock = a.lock("last-item").unwrap();
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    pair.cut();
+    guard
+        .unlock()
+        .await
+        .expect("the release ran on the primary: Ok, though no replica acknowledged it");
+    assert!(!lock.is_locked().await.unwrap());
+    pair.restore().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_the_replica_missed_does_not_extend_the_hold() {
+    let pair = Pair::start().await;
+    let a = LockClient::builder(&pair.primary.url())
+        .command_timeout(Duration::from_secs(2))
+        .lease(Duration::from_millis(900))
+        .replica_sync(SYNC)
+        .build()
+        .await
+        .unwrap();
+    let lock = a.lock("long-job").unwrap();
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    pair.cut();
+    // Renewals run on the primary but never reach the replica: the guard is lost once the
+    // deadline of its grant passes.
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the hold is lost when no renewal reaches the replica");
+    let stats = a.watchdog_stats();
+    assert!(stats.errors >= 1, "renewals counted as failed: {stats:?}");
+    pair.restore().await;
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_policies_are_refused_and_waitaof_needs_redis_7_2() {
+    let server = RedisServer::start().unwrap();
+    for policy in [
+        ReplicaSync::Replicas {
+            replicas: 0,
+            timeout: Duration::from_millis(100),
+        },
+        ReplicaSync::Replicas {
+            replicas: 1,
+            timeout: Duration::ZERO,
+        },
+        ReplicaSync::Replicas {
+            replicas: 1,
+            timeout: Duration::from_secs(5),
+        },
+    ] {
+        let built = LockClient::builder(&server.url())
+            .replica_sync(policy)
+            .build()
+            .await;
+        assert!(
+            matches!(built, Err(LockError::InvalidArgument(_))),
+            "{policy:?}: {built:?}"
+        );
+    }
+    // A server without WAITAOF (before 7.2) is refused at build; on 7.2+ with no replica a
+    // grant gets NotReplicated.
+    let version = server.info("server").unwrap();
+    let aof = LockClient::builder(&server.url())
+        .command_timeout(Duration::from_secs(2))
+        .replica_sync(ReplicaSync::Aof {
+            local: false,
+            replicas: 1,
+            timeout: Duration::from_millis(100),
+        })
+        .build()
+        .await;
+    let has_waitaof = version
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .and_then(|v| {
+            let mut parts = v.trim().split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+            Some((parts.next()?, parts.next()?))
+        })
+        .is_some_and(|v| v >= (7, 2));
+    match aof {
+        Err(LockError::InvalidArgument(message)) if !has_waitaof => {
+            assert!(message.contains("WAITAOF"), "{message}")
+        }
+        Ok(client) if has_waitaof => {
+            let lock = client.lock("aof").unwrap();
+            assert!(matches!(
+                lock.try_lock().await,
+                Err(LockError::NotReplicated { .. })
+            ));
+        }
+        other => panic!("WAITAOF support {has_waitaof}: {other:?}"),
+    }
+}
