@@ -34,12 +34,16 @@ pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(2);
 async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
     use fred::interfaces::{ClientLike, LuaInterface};
     let clustered = redis.is_clustered();
-    let loads = scripts.all().map(|script| async move {
-        if clustered {
-            redis.script_load_cluster::<(), _>(script.lua()).await
-        } else {
-            redis.script_load::<(), _>(script.lua()).await
-        }
+    // Boxed: 17 of fred's command futures side by side are large enough to overflow a 2 MB
+    // stack in a debug build (seen with Cluster's `script_load_cluster`).
+    let loads = scripts.all().map(|script| {
+        Box::pin(async move {
+            if clustered {
+                redis.script_load_cluster::<(), _>(script.lua()).await
+            } else {
+                redis.script_load::<(), _>(script.lua()).await
+            }
+        })
     });
     futures::future::try_join_all(loads)
         .await
@@ -47,29 +51,19 @@ async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a `WAITAOF` policy on a server that lacks the command (before Redis 7.2) at build,
-/// rather than failing every grant.
-async fn require_waitaof(redis: &Client, timeout: Duration) -> Result<()> {
-    use fred::types::{ClusterHash, CustomCommand};
-    let info = redis.custom::<fred::types::Value, _>(
+/// Whether the server knows `command` (`COMMAND INFO`): `WAITAOF` came with Redis 7.2,
+/// `SPUBLISH` with 7.0.
+async fn has_command(redis: &Client, command: &'static str, timeout: Duration) -> Result<bool> {
+    use fred::types::{ClusterHash, CustomCommand, Value};
+    let info = redis.custom::<Value, _>(
         CustomCommand::new_static("COMMAND", ClusterHash::Random, false),
-        vec!["INFO", "WAITAOF"],
+        vec!["INFO", command],
     );
     let reply = match tokio::time::timeout(timeout, info).await {
         Ok(reply) => reply.map_err(LockError::from_redis)?,
         Err(_) => return Err(LockError::Timeout),
     };
-    let known = matches!(&reply, fred::types::Value::Array(entries)
-        if entries.first().is_some_and(|e| !e.is_null()));
-    if known {
-        Ok(())
-    } else {
-        Err(LockError::InvalidArgument(
-            "ReplicaSync::Aof needs WAITAOF (Redis 7.2 or later); this server lacks it: use \
-             ReplicaSync::Replicas"
-                .into(),
-        ))
-    }
+    Ok(matches!(&reply, Value::Array(entries) if entries.first().is_some_and(|e| !e.is_null())))
 }
 
 impl LockClient {
@@ -124,6 +118,7 @@ pub struct LockClientBuilder {
     turn_grace: Duration,
     linger: Duration,
     replica_sync: ReplicaSync,
+    sharded_pubsub: bool,
 }
 
 /// Shows the server, never the credentials in the fred `Config`.
@@ -142,6 +137,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("turn_grace", &self.turn_grace)
             .field("subscription_linger", &self.linger)
             .field("replica_sync", &self.replica_sync)
+            .field("sharded_pubsub", &self.sharded_pubsub)
             .finish_non_exhaustive()
     }
 }
@@ -159,6 +155,7 @@ impl LockClientBuilder {
             turn_grace: DEFAULT_TURN_GRACE,
             linger: DEFAULT_SUBSCRIPTION_LINGER,
             replica_sync: ReplicaSync::None,
+            sharded_pubsub: true,
         }
     }
 
@@ -246,6 +243,21 @@ impl LockClientBuilder {
         self
     }
 
+    /// Whether, on Redis Cluster 7+, release messages go over sharded pub/sub (default
+    /// `true`): `SPUBLISH` reaches only the nodes of the lock's shard, where `PUBLISH` is sent
+    /// to every node of the cluster. The subscriber follows a channel's slot when it moves
+    /// (checked every [`SHARD_CHECK`](leasehold_pubsub::SHARD_CHECK) while waiting).
+    /// Standalone and Sentinel deployments always use `PUBLISH`.
+    ///
+    /// Every client of one cluster must agree: a waiter subscribed one way does not hear a
+    /// release published the other way (it then wakes only on its timer, the holder's lease).
+    /// Turn it off while a rolling upgrade from leasehold 0.1 (which published with `PUBLISH`
+    /// on clusters too) is under way, and on again once every client runs this version.
+    pub fn sharded_pubsub(mut self, sharded: bool) -> Self {
+        self.sharded_pubsub = sharded;
+        self
+    }
+
     /// Connects and starts the watchdog.
     ///
     /// # Errors
@@ -311,11 +323,22 @@ impl LockClientBuilder {
             move || quit_in_background(&redis)
         });
         connect(&redis, self.command_timeout).await?;
-        if matches!(self.replica_sync, ReplicaSync::Aof { .. }) {
-            require_waitaof(&redis, self.command_timeout).await?;
+        if matches!(self.replica_sync, ReplicaSync::Aof { .. })
+            && !Box::pin(has_command(&redis, "WAITAOF", self.command_timeout)).await?
+        {
+            return Err(LockError::InvalidArgument(
+                "ReplicaSync::Aof needs WAITAOF (Redis 7.2 or later); this server lacks it: use \
+                 ReplicaSync::Replicas"
+                    .into(),
+            ));
         }
+        // Sharded pub/sub on a cluster that has it (Redis 7+), unless turned off.
+        let sharded = redis.is_clustered()
+            && self.sharded_pubsub
+            && Box::pin(has_command(&redis, "SPUBLISH", self.command_timeout)).await?;
         let protocol = Protocol {
             turn_grace: self.turn_grace,
+            sharded,
         };
         let scripts = Scripts::for_protocol(protocol);
         match tokio::time::timeout(self.command_timeout, preload_scripts(&redis, &scripts)).await {
@@ -340,6 +363,7 @@ impl LockClientBuilder {
                 turn_grace: self.turn_grace,
                 linger: self.linger,
                 connect_timeout: self.command_timeout,
+                sharded,
             },
         );
         let holds = Watchdog::start(

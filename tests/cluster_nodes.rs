@@ -743,3 +743,83 @@ async fn sentinel_failover_keeps_locks_usable() {
         started.elapsed()
     );
 }
+
+/// On Redis Cluster 7 release messages go over sharded pub/sub: the scripts `SPUBLISH` (no
+/// `PUBLISH` reaches any node, so no message crosses the whole cluster bus) and waiters
+/// `SSUBSCRIBE` at the lock's shard. When the lock's slot moves while a waiter sleeps, Redis
+/// drops the waiter's shard subscription at the old owner; the subscriber notices within
+/// `SHARD_CHECK`, subscribes at the new owner, and the waiter hears the release: it gets the
+/// lock at once, not when the holder's 30 s lease would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_release_messages_follow_a_moved_slot() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "sharded";
+    let lock = a.lock(name).unwrap();
+    let channel = lock.keys().released().to_string();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let shard_subscribers = |node: usize| {
+        let reply = cluster
+            .node(node)
+            .command(&["PUBSUB", "SHARDNUMSUB", &channel])
+            .unwrap();
+        format!("{reply:?}")
+    };
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let waiter = {
+        let lock = b.lock(name).unwrap();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let got = lock.try_lock_for(Duration::from_secs(60)).await;
+            (got.map(|g| g.map(|g| g.detach())), started.elapsed())
+        })
+    };
+    assert!(eventually(Duration::from_secs(10), || b.waiters() == 1).await);
+    assert!(
+        eventually(Duration::from_secs(10), || shard_subscribers(from)
+            .contains("Int(1)"))
+        .await,
+        "the waiter subscribed at the lock's shard: {}",
+        shard_subscribers(from)
+    );
+    let moved = {
+        let cluster = cluster.clone();
+        blocking(move || cluster.migrate_slot(slot, to)).await
+    }
+    .unwrap();
+    assert!(moved >= 1);
+    // The subscription follows the slot (within SHARD_CHECK, plus a resync).
+    assert!(
+        eventually(Duration::from_secs(10), || shard_subscribers(to)
+            .contains("Int(1)"))
+        .await,
+        "the waiter subscribed again at the new owner: {}",
+        shard_subscribers(to)
+    );
+    let released_at = Instant::now();
+    guard.unlock().await.unwrap();
+    let (got, waited) = within(Duration::from_secs(20), "the waiter", waiter)
+        .await
+        .unwrap();
+    let handed = got.unwrap().expect("the waiter gets the lock");
+    let after_release = released_at.elapsed();
+    eprintln!("waited {waited:?} in all, {after_release:?} after the release");
+    assert!(
+        after_release < Duration::from_secs(10),
+        "woken by the release, not by the 30 s lease: {after_release:?}"
+    );
+    handed.unlock().await.unwrap();
+    // Every message was sharded.
+    let mut spublish = 0;
+    for node in 0..cluster.nodes().len() {
+        let server = cluster.node(node);
+        if !server.is_running() {
+            continue;
+        }
+        assert_eq!(server.command_calls("publish").unwrap(), 0, "node {node}");
+        spublish += server.command_calls("spublish").unwrap();
+    }
+    assert!(spublish >= 1, "the releases used SPUBLISH");
+}

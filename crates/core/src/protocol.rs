@@ -99,12 +99,17 @@ pub struct Protocol {
     /// How long a release reserves the lock for the next client's turn; see
     /// [`DEFAULT_TURN_GRACE`].
     pub turn_grace: Duration,
+    /// Release messages go over sharded pub/sub (`SPUBLISH`; waiters `SSUBSCRIBE`): on Redis
+    /// Cluster 7+, so that a message reaches only the nodes of the lock's shard. Otherwise
+    /// `PUBLISH`, which a cluster sends to every node.
+    pub sharded: bool,
 }
 
 impl Default for Protocol {
     fn default() -> Self {
         Protocol {
             turn_grace: DEFAULT_TURN_GRACE,
+            sharded: false,
         }
     }
 }

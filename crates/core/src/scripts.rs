@@ -1,7 +1,7 @@
 //! The Lua scripts: one per state change, each in its own `.lua` file beside this one.
 //!
 //! The files name the protocol's words as placeholders (`@FENCE@`, `@TURN@`, `@EXPIRING@`,
-//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`) and the shared pieces they inline (`@NEXT_FENCE@`,
+//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`, `@PUBLISH@`) and the shared pieces they inline (`@NEXT_FENCE@`,
 //! `@JOIN_LINE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
 //! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
 //! can lengthen the turn grace.
@@ -158,7 +158,15 @@ fn fill(template: &str, protocol: &Protocol) -> String {
         .replace("@EXPIRING@", EXPIRING_FIELD)
         .replace("@FREE@", FREE_PAYLOAD)
         .replace("@TAKEN@", TAKEN_PAYLOAD)
-        .replace("@GRACE_MS@", &grace_ms);
+        .replace("@GRACE_MS@", &grace_ms)
+        .replace(
+            "@PUBLISH@",
+            if protocol.sharded {
+                "SPUBLISH"
+            } else {
+                "PUBLISH"
+            },
+        );
     debug_assert!(!lua.contains('@'), "a placeholder was left unfilled");
     lua
 }
@@ -331,6 +339,7 @@ mod tests {
     fn protocol_words_are_filled_in() {
         let scripts = Scripts::new(Protocol {
             turn_grace: Duration::from_millis(1234),
+            ..Protocol::default()
         });
         for script in scripts.all() {
             assert!(!script.lua().contains('@'), "{}", script.lua());
@@ -343,5 +352,14 @@ mod tests {
             &default,
             &Scripts::for_protocol(Protocol::default())
         ));
+        // On Redis Cluster 7+ every message goes over sharded pub/sub, none over PUBLISH.
+        let sharded = Scripts::new(Protocol {
+            sharded: true,
+            ..Protocol::default()
+        });
+        for script in sharded.all() {
+            assert!(!script.lua().contains("'PUBLISH'"), "{}", script.lua());
+        }
+        assert!(sharded.release.lua().contains("redis.call('SPUBLISH'"));
     }
 }

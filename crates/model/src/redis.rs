@@ -27,6 +27,7 @@ pub const COMMANDS: &[&str] = &[
     "PTTL",
     "PUBLISH",
     "SET",
+    "SPUBLISH",
     "TIME",
     "TYPE",
     "ZADD",
@@ -669,7 +670,8 @@ impl Redis {
                     Reply::Bulk(score.text()),
                 ]))
             }
-            "PUBLISH" => {
+            // (SPUBLISH: the same message, sent to the lock's shard only on a cluster.)
+            "PUBLISH" | "SPUBLISH" => {
                 need(2)?;
                 call.published.push((a[0].clone(), a[1].clone()));
                 // The receivers are counted by the model when it delivers; no script reads this.

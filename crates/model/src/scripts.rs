@@ -72,6 +72,7 @@ impl ModelScripts {
     pub fn new(grace_ms: u64, variant: Variant) -> ModelScripts {
         let shipped = Scripts::new(Protocol {
             turn_grace: Duration::from_millis(grace_ms),
+            ..Protocol::default()
         });
         let mut acquire = shipped.acquire.lua().to_string();
         if variant == Variant::PreF1Fix {
@@ -119,6 +120,18 @@ pub fn every_shipped_script() -> Vec<String> {
         .iter()
         .map(|s| s.lua().to_string())
         .collect()
+}
+
+/// The same scripts as a Redis Cluster 7+ client runs them (sharded pub/sub: `SPUBLISH`).
+pub fn every_shipped_sharded_script() -> Vec<String> {
+    Scripts::new(Protocol {
+        sharded: true,
+        ..Protocol::default()
+    })
+    .all()
+    .iter()
+    .map(|s| s.lua().to_string())
+    .collect()
 }
 
 /// The command names a script passes to `redis.call` or `redis.pcall` as a literal.

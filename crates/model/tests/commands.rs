@@ -3,18 +3,21 @@
 //! name, instead of the model silently running something else.
 
 use leasehold_model::redis::COMMANDS;
-use leasehold_model::scripts::{commands_called, every_shipped_script, ModelScripts};
+use leasehold_model::scripts::{
+    commands_called, every_shipped_script, every_shipped_sharded_script, ModelScripts,
+};
 use leasehold_model::Variant;
 
 #[test]
 fn every_command_a_shipped_script_calls_is_implemented() {
     let mut missing = Vec::new();
-    let scripts = every_shipped_script();
+    let mut scripts = every_shipped_script();
     assert_eq!(
         scripts.len(),
         17,
         "Scripts::all() changed: check this test still sees all"
     );
+    scripts.extend(every_shipped_sharded_script());
     for (i, lua) in scripts.iter().enumerate() {
         for command in commands_called(lua) {
             if !COMMANDS.contains(&command.as_str()) {
@@ -42,6 +45,7 @@ fn the_extraction_sees_calls_and_pcalls() {
 fn the_model_runs_the_shipped_text() {
     let shipped = leasehold_core::scripts::Scripts::new(leasehold_core::protocol::Protocol {
         turn_grace: std::time::Duration::from_millis(2),
+        ..Default::default()
     });
     let model = ModelScripts::new(2, Variant::Shipped);
     assert_eq!(model.acquire, shipped.acquire.lua());

@@ -26,5 +26,5 @@
 mod notifier;
 mod queue;
 
-pub use notifier::{NotifierSettings, ReleaseNotifier};
+pub use notifier::{NotifierSettings, ReleaseNotifier, SHARD_CHECK};
 pub use queue::Place;

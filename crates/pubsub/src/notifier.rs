@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fred::clients::SubscriberClient;
-use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use leasehold_core::protocol::Message;
 use leasehold_core::{LockError, RedisError};
@@ -29,7 +29,20 @@ pub struct NotifierSettings {
     pub linger: Duration,
     /// How long connecting the subscriber may take.
     pub connect_timeout: Duration,
+    /// Release channels are shard channels (`SSUBSCRIBE`; the scripts `SPUBLISH`): on Redis
+    /// Cluster 7+, where a message then reaches only the nodes of the lock's shard instead of
+    /// every node. The subscriber follows the channels' slots when they move (see
+    /// [`SHARD_CHECK`]).
+    pub sharded: bool,
 }
+
+/// How often a sharded subscriber that has subscriptions checks whether their slots moved
+/// (a slot migration or a failover). Redis drops the shard subscriptions of a slot that leaves
+/// a node and tells the client with a `sunsubscribe` message that fred does not pass on, so the
+/// client looks: it resyncs its slot map (one `CLUSTER SLOTS`) and subscribes again where a
+/// channel's owner changed, then wakes that channel's head (a release may have been missed).
+/// This bounds a waiter's extra wake delay after a slot move to about this period.
+pub const SHARD_CHECK: Duration = Duration::from_secs(1);
 
 /// One channel: its local waiters and its subscription.
 pub(crate) struct Channel {
@@ -53,6 +66,8 @@ pub(crate) struct Channel {
     /// Bumped whenever the queue empties or a waiter joins: a lingering unsubscribe proceeds
     /// only if nothing happened since it was planned.
     idle: AtomicU64,
+    /// Sharded: the node the channel was last subscribed on (its slot's owner then).
+    shard_owner: Mutex<Option<fred::types::config::Server>>,
 }
 
 impl Channel {
@@ -139,6 +154,10 @@ impl ReleaseNotifier {
         );
         let receive = tokio::spawn(receive_loop(Arc::downgrade(&inner), receivers));
         inner.tasks.lock().push(receive);
+        if inner.settings.sharded {
+            let follow = tokio::spawn(follow_slots(Arc::downgrade(&inner)));
+            inner.tasks.lock().push(follow);
+        }
         ReleaseNotifier { inner }
     }
 
@@ -159,6 +178,7 @@ impl ReleaseNotifier {
                         standby: Mutex::new(None),
                         standby_running: AtomicBool::new(false),
                         idle: AtomicU64::new(0),
+                        shard_owner: Mutex::new(None),
                     })
                 })
                 .clone()
@@ -269,7 +289,17 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
     // Held until the channel is marked below: a resubscribe after a reconnect, which takes
     // `sending` too, then counts this channel as wanted rather than stale.
     let _sending = inner.sending.lock().await;
-    if !*in_redis {
+    if !*in_redis && inner.settings.sharded {
+        // fred answers SSUBSCRIBE with Redis's own reply (it follows a MOVED for it), so once
+        // it returns the subscription is in place: no PING needed.
+        inner
+            .subscriber
+            .ssubscribe(channel.name.as_str())
+            .await
+            .map_err(LockError::from_redis)?;
+        *in_redis = true;
+        *channel.shard_owner.lock() = shard_owner(&inner.subscriber, &channel.name);
+    } else if !*in_redis {
         inner
             .subscriber
             .subscribe(channel.name.as_str())
@@ -359,7 +389,12 @@ async fn unsubscribe(inner: Weak<Inner>, channel: Arc<Channel>, idle: u64, linge
     channel.subscribed.store(false, Ordering::SeqCst);
     if *in_redis {
         let _sending = strong.sending.lock().await;
-        if let Err(error) = strong.subscriber.unsubscribe(channel.name.as_str()).await {
+        let unsubscribed = if strong.settings.sharded {
+            strong.subscriber.sunsubscribe(channel.name.as_str()).await
+        } else {
+            strong.subscriber.unsubscribe(channel.name.as_str()).await
+        };
+        if let Err(error) = unsubscribed {
             // fred keeps a channel it could not unsubscribe among those it resubscribes; the
             // reconnect path (resubscribe) drops every channel this map no longer has.
             tracing::debug!(%error, channel = %channel.name, "unsubscribe failed");
@@ -437,10 +472,15 @@ async fn resubscribe(inner: Weak<Inner>) {
         // Under `sending`: a SUBSCRIBE of ours in flight has finished (and marked its channel)
         // before the lists below are made.
         let sending = strong.sending.lock().await;
+        let sharded = strong.settings.sharded;
         let (stale, wanted): (Vec<String>, Vec<String>) = {
             let map = strong.channels.lock();
-            let stale = subscriber
-                .tracked_channels()
+            let tracked = if sharded {
+                subscriber.tracked_shard_channels()
+            } else {
+                subscriber.tracked_channels()
+            };
+            let stale = tracked
                 .into_iter()
                 .filter(|channel| !map.get(&**channel).is_some_and(|c| c.is_subscribed()))
                 .map(|channel| channel.to_string())
@@ -453,6 +493,19 @@ async fn resubscribe(inner: Weak<Inner>) {
             (stale, wanted)
         };
         let result = async {
+            if sharded {
+                // One channel per command: a shard command's channels must share a slot.
+                for channel in &stale {
+                    subscriber.sunsubscribe(channel.as_str()).await?;
+                }
+                for channel in &wanted {
+                    subscriber.ssubscribe(channel.as_str()).await?;
+                    if let Some(c) = strong.channels.lock().get(channel) {
+                        *c.shard_owner.lock() = shard_owner(&subscriber, channel);
+                    }
+                }
+                return Ok(());
+            }
             if !stale.is_empty() {
                 subscriber.unsubscribe(stale).await?;
             }
@@ -545,6 +598,74 @@ async fn stand_by(channel: Arc<Channel>) {
         *standby = None;
         drop(standby);
         if channel.epoch.load(Ordering::SeqCst) == epoch {
+            channel.queue.lock().wake_head();
+        }
+    }
+}
+
+/// The node that owns `channel`'s slot, as the subscriber's slot map says.
+fn shard_owner(
+    subscriber: &SubscriberClient,
+    channel: &str,
+) -> Option<fred::types::config::Server> {
+    let slot = fred::util::redis_keyslot(channel.as_bytes());
+    subscriber
+        .cached_cluster_state()
+        .and_then(|state| state.get_server(slot).cloned())
+}
+
+/// Follows the slots of a sharded subscriber's channels (see [`SHARD_CHECK`]): while any
+/// channel is subscribed, resyncs the slot map every period and subscribes again each channel
+/// whose slot has another owner now, then wakes its head.
+async fn follow_slots(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(SHARD_CHECK).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let subscribed: Vec<Arc<Channel>> = strong
+            .channels
+            .lock()
+            .values()
+            .filter(|c| c.is_subscribed())
+            .cloned()
+            .collect();
+        if subscribed.is_empty() || !strong.connected.load(Ordering::SeqCst) {
+            continue;
+        }
+        let timeout = strong.settings.connect_timeout;
+        match tokio::time::timeout(timeout, strong.subscriber.sync_cluster()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "slot map resync failed; trying again next period");
+                continue;
+            }
+            Err(_) => continue,
+        }
+        for channel in subscribed {
+            let owner = shard_owner(&strong.subscriber, &channel.name);
+            if owner.is_none() || *channel.shard_owner.lock() == owner {
+                continue;
+            }
+            let mut in_redis = channel.redis_state.lock().await;
+            if !*in_redis {
+                continue; // unsubscribed meanwhile
+            }
+            let _sending = strong.sending.lock().await;
+            tracing::debug!(channel = %channel.name, ?owner, "shard channel's slot moved: subscribing again");
+            match strong.subscriber.ssubscribe(channel.name.as_str()).await {
+                Ok(()) => {
+                    *channel.shard_owner.lock() = shard_owner(&strong.subscriber, &channel.name);
+                    strong.resyncs.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(error) => {
+                    // Tried again next period; meanwhile the head's timer still runs.
+                    *in_redis = true;
+                    strong.resync_failures.fetch_add(1, Ordering::SeqCst);
+                    tracing::debug!(%error, channel = %channel.name, "subscribing again failed");
+                }
+            }
+            drop(in_redis);
             channel.queue.lock().wake_head();
         }
     }

@@ -30,6 +30,7 @@ async fn a_reconnect_resubscribes_in_one_clean_exchange() {
             turn_grace: Duration::from_millis(25),
             linger: Duration::ZERO,
             connect_timeout: Duration::from_secs(5),
+            sharded: false,
         },
     );
     let place = notifier.join("leasehold:{x}:released");

@@ -108,7 +108,7 @@ if fresh then
       if queue_ttl == -1 then
         redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[2]) + 10000)
       end
-      redis.call('PUBLISH', ARGV[6], '@TAKEN@' .. ARGV[2])
+      redis.call('@PUBLISH@', ARGV[6], '@TAKEN@' .. ARGV[2])
     end
   end
   if pttl ~= -2 then

@@ -31,7 +31,7 @@ local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prefix = ARGV[2]
 local read_write = ARGV[3] == 'rw' or redis.call('HEXISTS', KEYS[1], '@MODE@') == 1
-redis.call('PUBLISH', ARGV[1], '@FREE@')
+redis.call('@PUBLISH@', ARGV[1], '@FREE@')
 redis.call('DEL', KEYS[1])
 if read_write and redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
   redis.call('DEL', KEYS[5])

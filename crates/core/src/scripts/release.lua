@@ -37,7 +37,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   local popped = redis.pcall('ZPOPMIN', KEYS[2])
   head = type(popped) == 'table' and not popped.err and popped[1] or nil
 end
-redis.call('PUBLISH', ARGV[2], head or '@FREE@')
+redis.call('@PUBLISH@', ARGV[2], head or '@FREE@')
 redis.call('DEL', KEYS[1])
 if head then
   redis.call('HSET', KEYS[1], '@TURN@' .. head, '0')

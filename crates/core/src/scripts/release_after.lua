@@ -48,11 +48,11 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], '@EXPIRING@', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PUBLISH', ARGV[5], '@TAKEN@' .. ARGV[2])
+redis.call('@PUBLISH@', ARGV[5], '@TAKEN@' .. ARGV[2])
 if redis.call('TYPE', KEYS[2])['ok'] == 'zset' then
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if head then
-    redis.call('PUBLISH', ARGV[6] .. head, '@FREE@')
+    redis.call('@PUBLISH@', ARGV[6] .. head, '@FREE@')
   end
 end
 return 0

@@ -25,6 +25,6 @@ do
     reserved_ms = math.max(until_ms - now_ms, @GRACE_MS@)
     redis.call('HSET', KEYS[1], '@TURN@' .. head, '0')
     redis.call('PEXPIRE', KEYS[1], reserved_ms)
-    redis.call('PUBLISH', prefix .. head, '@FREE@')
+    redis.call('@PUBLISH@', prefix .. head, '@FREE@')
   end
 end

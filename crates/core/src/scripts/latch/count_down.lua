@@ -15,7 +15,7 @@ end
 local left = redis.call('HINCRBY', KEYS[1], '@LATCH@', -1)
 if left <= 0 then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[1], '@FREE@')
+  redis.call('@PUBLISH@', ARGV[1], '@FREE@')
   return 0
 end
 return left

@@ -99,12 +99,12 @@ local function hand_on(except)
           redis.call('DEL', KEYS[1])
           redis.call('HSET', KEYS[1], '@TURN@' .. who, '0')
           redis.call('PEXPIRE', KEYS[1], math.max(until_ms - now_ms, @GRACE_MS@))
-          redis.call('PUBLISH', prefix .. who, '@FREE@')
+          redis.call('@PUBLISH@', prefix .. who, '@FREE@')
         end
         return
       end
       if who ~= except then
-        redis.call('PUBLISH', prefix .. who, '@FREE@')
+        redis.call('@PUBLISH@', prefix .. who, '@FREE@')
       end
     end
     if #line < 200 then

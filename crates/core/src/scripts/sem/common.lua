@@ -78,7 +78,7 @@ local function hand_on(except)
         return
       end
       if who ~= except then
-        redis.call('PUBLISH', prefix .. who, '@FREE@')
+        redis.call('@PUBLISH@', prefix .. who, '@FREE@')
       end
     end
     if #line < 100 then

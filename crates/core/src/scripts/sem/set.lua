@@ -23,7 +23,7 @@ if op == 'delete' then
   -- holders learn at their next renewal that their permits are gone.
   local line = redis.call('ZRANGE', KEYS[3], 0, -1)
   for _, who in ipairs(line) do
-    redis.call('PUBLISH', prefix .. who, '@FREE@')
+    redis.call('@PUBLISH@', prefix .. who, '@FREE@')
   end
   return redis.call('DEL', KEYS[1], KEYS[5]) > 0 and 1 or 0
 end
