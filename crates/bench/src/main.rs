@@ -11,6 +11,7 @@ mod placement;
 mod plot;
 mod red_lock;
 mod redis_stats;
+mod replica_sync;
 mod report;
 mod uncontended;
 mod watchdog;
@@ -54,7 +55,7 @@ struct Args {
     #[arg(long)]
     no_pin: bool,
     /// Run only these scenarios (comma-separated: uncontended, handoff, handoff_per_process,
-    /// crash, watchdog, red_lock).
+    /// crash, watchdog, red_lock, replica_sync).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(subcommand)]
@@ -189,6 +190,10 @@ fn main() -> anyhow::Result<()> {
         if wanted("red_lock") {
             // Five servers of its own: a quorum needs independent servers.
             results.red_lock = Some(red_lock::run(plan.uncontended / 2).await?);
+        }
+        if wanted("replica_sync") {
+            // A primary and a replica of its own.
+            results.replica_sync = Some(replica_sync::run(plan.uncontended / 4).await?);
         }
         admin.flush().await?;
         anyhow::Ok(())

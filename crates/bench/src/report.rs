@@ -23,6 +23,7 @@ pub(crate) struct Results {
     pub(crate) crash_recovery: Option<CrashRecovery>,
     pub(crate) watchdog: Option<WatchdogRun>,
     pub(crate) red_lock: Option<crate::red_lock::RedLockRun>,
+    pub(crate) replica_sync: Option<crate::replica_sync::ReplicaSyncRun>,
 }
 
 impl Results {
@@ -59,6 +60,7 @@ impl Results {
             "crash_recovery": self.crash_recovery,
             "watchdog": self.watchdog,
             "red_lock": self.red_lock,
+            "replica_sync": self.replica_sync,
         })
     }
 }
@@ -137,6 +139,16 @@ pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement)
         println!(
             "{:<24} holds={} lease={:?}  round trips/tick={:.1}  cpu={:.1} ms/s  memory={:.0} bytes/hold",
             "watchdog", w.holds, w.lease, w.round_trips_per_tick, w.cpu_ms_per_sec, w.bytes_per_hold
+        );
+    }
+    if let Some(r) = &results.replica_sync {
+        println!(
+            "{:<24} grant p50: synced={:.0} us  unsynced={:.0} us  raw SET+WAIT={:.0} us  raw SET={:.0} us  ratio_to_unsynced={:.2}  ratio_to_raw={:.2}",
+            "replica_sync", r.synced_grant_p50_us, r.grant_p50_us, r.raw_set_wait_p50_us, r.raw_set_p50_us, r.grant_ratio_to_unsynced, r.grant_ratio_to_raw
+        );
+        println!(
+            "{:<24} lock+unlock p50: synced={:.0} us  unsynced={:.0} us",
+            "replica_sync_pair", r.synced_pair_p50_us, r.pair_p50_us
         );
     }
     if let Some(r) = &results.red_lock {

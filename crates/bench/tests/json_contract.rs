@@ -37,6 +37,16 @@ const RED_LOCK: &[&str] = &[
     "plain_contended_per_sec",
     "red_lock_contended_per_sec",
 ];
+const REPLICA_SYNC: &[&str] = &[
+    "grant_p50_us",
+    "synced_grant_p50_us",
+    "pair_p50_us",
+    "synced_pair_p50_us",
+    "raw_set_p50_us",
+    "raw_set_wait_p50_us",
+    "grant_ratio_to_unsynced",
+    "grant_ratio_to_raw",
+];
 const WATCHDOG: &[&str] = &[
     "holds",
     "round_trips_per_tick",
@@ -90,6 +100,7 @@ fn quick_run_writes_the_json_contract() {
         "crash_recovery",
         "watchdog",
         "red_lock",
+        "replica_sync",
     ]
     .into();
     assert_eq!(keys(&results), expected);
@@ -107,6 +118,7 @@ fn quick_run_writes_the_json_contract() {
         ("crash_recovery", CRASH),
         ("watchdog", WATCHDOG),
         ("red_lock", RED_LOCK),
+        ("replica_sync", REPLICA_SYNC),
     ] {
         let value = &results[section];
         assert_eq!(keys(value), fields.iter().copied().collect(), "{section}");
@@ -138,4 +150,10 @@ fn quick_run_writes_the_json_contract() {
     assert_eq!(number(r, "servers"), 5.0);
     let ratio = number(r, "red_lock_pair_p50_us") / number(r, "raw_pair_p50_us");
     assert!((number(r, "ratio_to_raw") - ratio).abs() < 1e-9, "{r}");
+    let s = &results["replica_sync"];
+    let ratio = number(s, "synced_grant_p50_us") / number(s, "grant_p50_us");
+    assert!(
+        (number(s, "grant_ratio_to_unsynced") - ratio).abs() < 1e-9,
+        "{s}"
+    );
 }

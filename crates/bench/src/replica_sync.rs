@@ -1,0 +1,165 @@
+//! The `replica_sync` scenario: what `ReplicaSync::Replicas { replicas: 1, .. }` costs a
+//! grant, against the same grant without it and against raw fred calls in the same run.
+//!
+//! A primary and one replica of its own (testkit, on loopback, so replication takes about one
+//! local round trip), whatever `REDIS_URL` says. Medians of back-to-back runs, one task:
+//! - `grant`: `try_lock` alone (its unlock is not timed), without and with sync; the synced
+//!   grant is the acquire script, then `WAIT 1 100` on the same connection.
+//! - `pair`: `try_lock` + `unlock`, without and with sync (the release waits too).
+//! - `raw`: `SET NX PX` alone, and `SET NX PX` then `WAIT 1 100`: the floor any synced lock
+//!   reduces to.
+
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::{ClusterHash, CustomCommand};
+use leasehold::{LockClient, ReplicaSync};
+use leasehold_testkit::RedisServer;
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// What the scenario measured (medians, microseconds).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct ReplicaSyncRun {
+    pub(crate) grant_p50_us: f64,
+    pub(crate) synced_grant_p50_us: f64,
+    pub(crate) pair_p50_us: f64,
+    pub(crate) synced_pair_p50_us: f64,
+    pub(crate) raw_set_p50_us: f64,
+    pub(crate) raw_set_wait_p50_us: f64,
+    /// synced_grant / grant, and synced_grant / raw_set_wait.
+    pub(crate) grant_ratio_to_unsynced: f64,
+    pub(crate) grant_ratio_to_raw: f64,
+}
+
+const SYNC: ReplicaSync = ReplicaSync::Replicas {
+    replicas: 1,
+    timeout: Duration::from_millis(100),
+};
+
+pub(crate) async fn run(slice: Duration) -> anyhow::Result<ReplicaSyncRun> {
+    let primary = RedisServer::start()?;
+    let replica = RedisServer::builder()
+        .args(["--replicaof", "127.0.0.1", &primary.port().to_string()])
+        .start()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !replica
+        .info("replication")?
+        .contains("master_link_status:up")
+    {
+        anyhow::ensure!(Instant::now() < deadline, "the replica did not sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let url = primary.url();
+    let plain = LockClient::connect(&url).await?;
+    let synced = LockClient::builder(&url).replica_sync(SYNC).build().await?;
+    let (lock, synced_lock) = (plain.lock("bench:sync")?, synced.lock("bench:sync")?);
+
+    let grant_p50 = median(slice, || async {
+        let started = Instant::now();
+        let guard = lock.try_lock().await?.expect("uncontended");
+        let took = started.elapsed();
+        guard.unlock().await?;
+        anyhow::Ok(took)
+    })
+    .await?;
+    let synced_grant_p50 = median(slice, || async {
+        let started = Instant::now();
+        let guard = synced_lock.try_lock().await?.expect("uncontended");
+        let took = started.elapsed();
+        anyhow::ensure!(guard.replica_sync().is_some_and(|s| s.replicas >= 1));
+        guard.unlock().await?;
+        anyhow::Ok(took)
+    })
+    .await?;
+    let pair_p50 = median(slice, || async {
+        let started = Instant::now();
+        lock.try_lock()
+            .await?
+            .expect("uncontended")
+            .unlock()
+            .await?;
+        anyhow::Ok(started.elapsed())
+    })
+    .await?;
+    let synced_pair_p50 = median(slice, || async {
+        let started = Instant::now();
+        synced_lock
+            .try_lock()
+            .await?
+            .expect("uncontended")
+            .unlock()
+            .await?;
+        anyhow::Ok(started.elapsed())
+    })
+    .await?;
+
+    let raw = Builder::from_config(Config::from_url(&url)?).build()?;
+    raw.init().await?;
+    let set = || async {
+        let set: Option<String> = raw
+            .set(
+                "bench:raw",
+                "owner",
+                Some(Expiration::PX(10_000)),
+                Some(SetOptions::NX),
+                false,
+            )
+            .await?;
+        anyhow::ensure!(set.is_some(), "uncontended");
+        anyhow::Ok(())
+    };
+    let raw_set_p50 = median(slice, || async {
+        let started = Instant::now();
+        set().await?;
+        let took = started.elapsed();
+        raw.del::<(), _>("bench:raw").await?;
+        anyhow::Ok(took)
+    })
+    .await?;
+    let raw_set_wait_p50 = median(slice, || async {
+        let started = Instant::now();
+        set().await?;
+        let acked: i64 = raw
+            .custom(
+                CustomCommand::new_static("WAIT", ClusterHash::FirstKey, false),
+                vec![1, 100],
+            )
+            .await?;
+        let took = started.elapsed();
+        anyhow::ensure!(acked >= 1, "the replica acknowledged");
+        raw.del::<(), _>("bench:raw").await?;
+        anyhow::Ok(took)
+    })
+    .await?;
+    raw.quit().await?;
+
+    Ok(ReplicaSyncRun {
+        grant_p50_us: grant_p50,
+        synced_grant_p50_us: synced_grant_p50,
+        pair_p50_us: pair_p50,
+        synced_pair_p50_us: synced_pair_p50,
+        raw_set_p50_us: raw_set_p50,
+        raw_set_wait_p50_us: raw_set_wait_p50,
+        grant_ratio_to_unsynced: synced_grant_p50 / grant_p50,
+        grant_ratio_to_raw: synced_grant_p50 / raw_set_wait_p50,
+    })
+}
+
+/// Runs `timed` back to back for `slice`; the median of the times it reports, in microseconds.
+async fn median<F, Fut>(slice: Duration, mut timed: F) -> anyhow::Result<f64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Duration>>,
+{
+    for _ in 0..50 {
+        timed().await?;
+    }
+    let until = Instant::now() + slice;
+    let mut times = Vec::new();
+    while Instant::now() < until {
+        times.push(timed().await?.as_secs_f64() * 1e6);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
