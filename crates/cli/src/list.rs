@@ -1,10 +1,10 @@
 //! `leasehold list [PATTERN]`: the locks, semaphores and count-down latches under a prefix.
 //!
 //! Keys are found with `SCAN MATCH PREFIX:* TYPE hash` (never `KEYS`, which blocks Redis for
-//! the whole keyspace), on every primary of a Redis Cluster; the fencing counter is a string, the queues and leases are zsets, a
-//! semaphore's `:wants` is skipped by its name, and other kinds of keys are skipped. The
-//! holders, lease and queue of each lock (a semaphore's permits, a latch's count) are then read
-//! with one pipelined round trip per batch.
+//! the whole keyspace), on every primary of a Redis Cluster; the fencing counter is a string,
+//! the queues and leases are zsets, a semaphore's `:wants` is skipped by its name, and other
+//! kinds of keys are skipped. The holders, lease and queue of each lock (a semaphore's
+//! permits, a latch's count) are then read with one pipelined round trip per batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;

@@ -5,8 +5,9 @@
 //! unless `REDIS_URL` or `--url` names one. `--cluster` starts a local Redis Cluster instead (3
 //! primaries with a replica each) and `--sentinel` a primary with two replicas under three
 //! Sentinels; the pods then connect with a `redis-cluster://` or `redis-sentinel://` URL, as
-//! any user of the library would, and the demo says which node serves each scenario's lock. It tells what happened, checks each outcome, and
-//! exits non-zero if any scenario did not behave as it should.
+//! any user of the library would, and the demo says which node serves each scenario's lock.
+//! It tells what happened, checks each outcome, and exits non-zero if any scenario did not
+//! behave as it should.
 //!
 //! Nothing is left behind: the keys live under a prefix unique to the run
 //! (`leasehold-demo-<random>`) and are deleted at the end, the SQLite file lives in a temp dir,
@@ -379,4 +380,40 @@ async fn delete_keys(redis: &Client, prefix: &str) -> anyhow::Result<usize> {
         let _: Vec<i64> = pipeline.all().await?;
     }
     Ok(keys.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use fred::types::Value;
+
+    use super::slot_owner;
+
+    #[test]
+    fn slot_owner_reads_cluster_slots() {
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::from("127.0.0.1"),
+                Value::Integer(port),
+                Value::from("id"),
+            ])
+        };
+        let range = |first: i64, last: i64, port: i64, replica: i64| {
+            Value::Array(vec![
+                Value::Integer(first),
+                Value::Integer(last),
+                node(port),
+                node(replica),
+            ])
+        };
+        let reply = Value::Array(vec![
+            range(5461, 10922, 7001, 7004),
+            range(0, 5460, 7000, 7003),
+            range(10923, 16383, 7002, 7005),
+        ]);
+        assert_eq!(slot_owner(&reply, 0).as_deref(), Some("127.0.0.1:7000"));
+        assert_eq!(slot_owner(&reply, 5461).as_deref(), Some("127.0.0.1:7001"));
+        assert_eq!(slot_owner(&reply, 16383).as_deref(), Some("127.0.0.1:7002"));
+        assert_eq!(slot_owner(&Value::Array(vec![]), 1), None);
+        assert_eq!(slot_owner(&Value::Null, 1), None);
+    }
 }
