@@ -20,8 +20,10 @@ setup:
     command -v redis-server >/dev/null
 
 # Play the seeds' scenarios (starts its own redis-server unless REDIS_URL is set).
-demo: setup
-    cargo run --quiet --release -p leasehold-cli -- demo
+# `just demo --cluster`: on a local Redis Cluster (3 primaries, a replica each) it starts itself,
+# the pods connecting with a redis-cluster:// URL; `just demo --sentinel`: behind Sentinels.
+demo *ARGS: setup
+    cargo run --quiet --release -p leasehold-cli -- demo {{ARGS}}
 
 # Everything CI checks: formatting, clippy and rustdoc with -D warnings, every test in the
 # workspace (the facade's also without its default features: no metrics, no TLS), and every

@@ -14,8 +14,11 @@ pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 #[derive(Debug, Parser)]
 #[command(name = "leasehold", version, about, propagate_version = true)]
 pub struct Cli {
-    /// Redis URL, `redis://[user:pass@]host:port[/db]` [default: $REDIS_URL, else
-    /// redis://127.0.0.1:6379]. `demo` starts its own redis-server when neither is given.
+    /// Redis URL, as the library takes it: `redis://[user:pass@]host:port[/db]`, `rediss://`
+    /// (TLS), `redis-cluster://[user:pass@]host:port?node=host:port&node=...`,
+    /// `redis-sentinel://[user:pass@]host:port[/db]?sentinelServiceName=NAME&node=...`
+    /// [default: $REDIS_URL, else redis://127.0.0.1:6379]. `demo` starts its own redis-server
+    /// when neither is given.
     #[arg(long, global = true, env = "REDIS_URL", hide_env_values = true)]
     pub url: Option<String>,
 
@@ -98,10 +101,23 @@ pub enum Command {
     /// Play three scenarios with real OS processes as pods: inventory (oversell, lock,
     /// fencing), a daily report that must run once, and a long job kept alive by the watchdog.
     /// Uses SQLite, or PostgreSQL when DATABASE_URL is set.
-    Demo,
+    Demo(DemoArgs),
     /// One pod of the demo (run by `leasehold demo`, not by hand).
     #[command(hide = true)]
     Pod(PodArgs),
+}
+
+/// Where `leasehold demo` plays: its own redis-server by default, or `--url`/`REDIS_URL`.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct DemoArgs {
+    /// Start a local Redis Cluster (3 primaries with a replica each) and play on it; the pods
+    /// connect with a redis-cluster:// URL.
+    #[arg(long, conflicts_with = "sentinel")]
+    pub cluster: bool,
+    /// Start a local primary with two replicas and three Sentinels and play on it; the pods
+    /// connect with a redis-sentinel:// URL.
+    #[arg(long)]
+    pub sentinel: bool,
 }
 
 /// Arguments of a demo pod process.

@@ -4,7 +4,8 @@
 //! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, PUBSUB NUMSUB, ZRANGE
 //! of the turn queue, the waiters, their deadlines and a read/write lock's or a semaphore's
 //! leases, HGETALL of the permits a semaphore's waiters want, and TIME for the server's clock
-//! those deadlines are in). It is a snapshot, not a transaction: a lock
+//! those deadlines are in); on a Redis Cluster, PUBSUB NUMSUB is asked of every primary (a
+//! client subscribes on one of them). It is a snapshot, not a transaction: a lock
 //! released between two of those replies shows up half-gone, which an operator tool can live
 //! with (run it again) and which keeps it free of scripts that would need their own ACL
 //! permissions. A zset read that is refused (a key of another type, or the ACL denies it)
@@ -158,7 +159,12 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         .ok()
         .and_then(|v| v.convert::<HashMap<String, String>>().ok());
     let pttl = next().map_err(redis_error)?.as_i64().unwrap_or(-2);
-    let waiters = next().ok().map_or(0, |v| numsub_count(&v));
+    let mut waiters = next().ok().map_or(0, |v| numsub_count(&v));
+    if redis.is_clustered() {
+        // PUBSUB NUMSUB counts the subscribers of the node asked, and clients subscribe on
+        // the node of their own id's slot (fred): count on every primary.
+        waiters = cluster_numsub(redis, keys.released()).await?;
+    }
     // A foreign key where a zset belongs reads as empty.
     let queued_clients = next().ok().map_or_else(Vec::new, |v| layout::members(&v));
     let mut zset = || next().ok().map_or_else(Vec::new, |v| layout::scored(&v));
@@ -229,6 +235,25 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         permits_available: permits.map(Permits::available),
         count,
     })
+}
+
+/// Subscribers of `channel` on every primary of a cluster (those fred is connected to).
+async fn cluster_numsub(redis: &Client, channel: &str) -> anyhow::Result<u64> {
+    let counts = redis
+        .active_connections()
+        .into_iter()
+        .map(|node| async move {
+            let reply: Value = redis
+                .with_cluster_node(node)
+                .pubsub_numsub(channel)
+                .await
+                .map_err(LockError::from_redis)?;
+            anyhow::Ok(numsub_count(&reply))
+        });
+    Ok(futures::future::try_join_all(counts)
+        .await?
+        .into_iter()
+        .sum())
 }
 
 /// The count in a `PUBSUB NUMSUB channel` reply (`[channel, count]`, or a map in RESP3).

@@ -1,19 +1,21 @@
 //! `leasehold list [PATTERN]`: the locks, semaphores and count-down latches under a prefix.
 //!
 //! Keys are found with `SCAN MATCH PREFIX:* TYPE hash` (never `KEYS`, which blocks Redis for
-//! the whole keyspace); the fencing counter is a string, the queues and leases are zsets, a
-//! semaphore's `:wants` is skipped by its name, and other kinds of keys are skipped. The
-//! holders, lease and queue of each lock (a semaphore's permits, a latch's count) are then read
-//! with one pipelined round trip per batch.
+//! the whole keyspace), on every primary of a Redis Cluster; the fencing counter is a string,
+//! the queues and leases are zsets, a semaphore's `:wants` is skipped by its name, and other
+//! kinds of keys are skipped. The holders, lease and queue of each lock (a semaphore's
+//! permits, a latch's count) are then read with one pipelined round trip per batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::{HashesInterface, KeysInterface, SortedSetsInterface};
+use fred::error::Error as RedisError;
+use fred::interfaces::{ClientLike, HashesInterface, KeysInterface, SortedSetsInterface};
 use fred::types::scan::ScanType;
-use fred::types::Value;
-use futures::TryStreamExt;
+use fred::types::{Key, Value};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use leasehold::{LockError, LockKeys};
 use leasehold_core::Prefix;
 use serde::Serialize;
@@ -101,16 +103,15 @@ pub async fn list(
     pattern: &str,
 ) -> anyhow::Result<Vec<ListedLock>> {
     let redis_error = LockError::from_redis;
-    let keys: BTreeSet<String> = redis
-        .scan_buffered(
-            format!("{}:*", glob::escape(prefix.as_str())),
-            Some(BATCH as u32),
-            Some(ScanType::Hash),
-        )
-        .map_err(redis_error)
-        .try_filter_map(|key| async move { Ok(key.as_str().map(str::to_string)) })
-        .try_collect()
-        .await?;
+    let keys: BTreeSet<String> = scan_keys(
+        redis,
+        format!("{}:*", glob::escape(prefix.as_str())),
+        Some(ScanType::Hash),
+    )
+    .map_err(redis_error)
+    .try_filter_map(|key| async move { Ok(key.as_str().map(str::to_string)) })
+    .try_collect()
+    .await?;
     // SCAN may return a key twice (rehashing); the set removes duplicates and sorts.
     let names: BTreeMap<String, String> = keys
         .into_iter()
@@ -192,6 +193,25 @@ pub async fn list(
         }
     }
     Ok(locks)
+}
+
+/// The keys matching `pattern` (`SCAN MATCH pattern [TYPE type]`, pages of [`BATCH`]): on a
+/// Redis Cluster, of every primary (a plain SCAN would see one node's keys only); elsewhere of
+/// the one server.
+pub fn scan_keys(
+    redis: &Client,
+    pattern: String,
+    r#type: Option<ScanType>,
+) -> BoxStream<'static, Result<Key, RedisError>> {
+    if redis.is_clustered() {
+        redis
+            .scan_cluster_buffered(pattern, Some(BATCH as u32), r#type)
+            .boxed()
+    } else {
+        redis
+            .scan_buffered(pattern, Some(BATCH as u32), r#type)
+            .boxed()
+    }
 }
 
 /// The lock name whose hash is `key` under `prefix`, or `None` for a key that is not one:

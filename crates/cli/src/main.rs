@@ -8,7 +8,8 @@
 //! * `watch [PATTERN]` refreshes that list;
 //! * `unlock --force NAME` releases a lock whoever holds it (and refuses a semaphore or a
 //!   latch);
-//! * `demo` plays the three scenarios of the seeds with real OS processes as pods.
+//! * `demo` plays the three scenarios of the seeds with real OS processes as pods (on its own
+//!   redis-server, or with `--cluster` a Redis Cluster, or with `--sentinel` a Sentinel set).
 //!
 //! Exit codes: 0 success, 1 failure (one line on stderr), 2 bad usage (clap's message).
 //! Errors are reported, never panicked: an operator running this against production Redis
@@ -91,7 +92,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         // The demo drives child processes and blocks on their output, so it runs on the main
         // thread and uses a runtime only for its own Redis and database calls.
-        Command::Demo => Ok(if demo::run(cli.url())? {
+        Command::Demo(args) => Ok(if demo::run(cli.url(), *args)? {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE

@@ -277,6 +277,21 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The cluster as a URL for `fred`'s `Config::from_url` (and `LockClient::connect`):
+    /// `redis-cluster://127.0.0.1:PORT?node=127.0.0.1:PORT2&node=...`, every node a seed.
+    pub fn url(&self) -> String {
+        let mut seeds = self.seeds().into_iter();
+        let mut url = match seeds.next() {
+            Some((host, port)) => format!("redis-cluster://{host}:{port}"),
+            None => return "redis-cluster://".to_string(),
+        };
+        for (i, (host, port)) in seeds.enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(&format!("node={host}:{port}"));
+        }
+        url
+    }
+
     /// Indices of the nodes that are running, not paused and say `role:master` (`ROLE`).
     pub fn primaries(&self) -> Result<Vec<usize>> {
         self.with_role("master")

@@ -267,6 +267,22 @@ impl SentinelSet {
             .collect()
     }
 
+    /// The set as a URL for `fred`'s `Config::from_url` (and `LockClient::connect`):
+    /// `redis-sentinel://127.0.0.1:SENTINEL?sentinelServiceName=mymaster&node=127.0.0.1:...`,
+    /// every Sentinel named.
+    pub fn url(&self) -> String {
+        let mut hosts = self.sentinel_hosts().into_iter();
+        let mut url = match hosts.next() {
+            Some((host, port)) => format!("redis-sentinel://{host}:{port}"),
+            None => return "redis-sentinel://".to_string(),
+        };
+        url.push_str(&format!("?sentinelServiceName={SENTINEL_SERVICE}"));
+        for (host, port) in hosts {
+            url.push_str(&format!("&node={host}:{port}"));
+        }
+        url
+    }
+
     /// The index in [`servers`](Self::servers) of the primary a running Sentinel names.
     pub fn primary(&self) -> Result<usize> {
         let sentinel = self

@@ -31,6 +31,7 @@ const STALE_LEASE_MS: u64 = 1_000;
 /// Plays the scenario.
 pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     println!("1. Inventory: 3 pods sell the last {UNITS} units of product {PRODUCT}");
+    ctx.say_where(LOCK);
 
     let (sold, stock) = sell_out(ctx, false)?;
     let total: u64 = sold.iter().map(|(_, n)| n).sum();

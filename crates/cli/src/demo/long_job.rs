@@ -38,6 +38,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         JOB_MS / 1_000,
         LEASE_MS / 1_000
     );
+    ctx.say_where(LOCK);
     let deadline = Instant::now() + STEP_TIMEOUT;
     let mut pods = ctx.pods();
     pods.spawn(

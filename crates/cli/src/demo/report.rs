@@ -23,6 +23,7 @@ const JOB_MS: u64 = 1_500;
 /// Plays the scenario.
 pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     println!("2. Daily report: at 02:00 the same scheduled job fires on 3 pods at once");
+    ctx.say_where(LOCK);
     let deadline = Instant::now() + STEP_TIMEOUT;
     let mut pods = ctx.pods();
     let role = ["report".to_string(), "--job-ms".into(), JOB_MS.to_string()];
