@@ -237,18 +237,29 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
     })
 }
 
-/// Subscribers of `channel` on every primary of a cluster (those fred is connected to).
+/// Subscribers of `channel` on every primary of a cluster (those fred is connected to): plain
+/// subscribers (`PUBSUB NUMSUB`) and shard subscribers (`PUBSUB SHARDNUMSUB`: on Redis
+/// Cluster 7+ the library's waiters subscribe to their lock's shard; a server before 7 counts
+/// none).
 async fn cluster_numsub(redis: &Client, channel: &str) -> anyhow::Result<u64> {
+    use fred::types::{ClusterHash, CustomCommand};
     let counts = redis
         .active_connections()
         .into_iter()
         .map(|node| async move {
-            let reply: Value = redis
-                .with_cluster_node(node)
+            let on_node = redis.with_cluster_node(node);
+            let reply: Value = on_node
                 .pubsub_numsub(channel)
                 .await
                 .map_err(LockError::from_redis)?;
-            anyhow::Ok(numsub_count(&reply))
+            let sharded: Option<Value> = on_node
+                .custom(
+                    CustomCommand::new_static("PUBSUB", ClusterHash::Random, false),
+                    vec!["SHARDNUMSUB", channel],
+                )
+                .await
+                .ok();
+            anyhow::Ok(numsub_count(&reply) + sharded.as_ref().map_or(0, numsub_count))
         });
     Ok(futures::future::try_join_all(counts)
         .await?

@@ -96,15 +96,22 @@ fn subscribers(cluster: &RedisCluster, channel: &str) -> i64 {
     primaries
         .into_iter()
         .map(|i| {
-            let reply = cluster
-                .node(i)
-                .command(&["PUBSUB", "NUMSUB", channel])
-                .expect("PUBSUB NUMSUB");
-            reply
-                .as_array()
-                .and_then(|parts| parts.get(1))
-                .and_then(RespValue::as_int)
-                .unwrap_or(0)
+            // Plain and shard subscribers: on Redis Cluster 7+ the library's waiters
+            // subscribe to their lock's shard (SSUBSCRIBE).
+            ["NUMSUB", "SHARDNUMSUB"]
+                .iter()
+                .map(|sub| {
+                    let reply = cluster
+                        .node(i)
+                        .command(&["PUBSUB", sub, channel])
+                        .expect("PUBSUB NUMSUB");
+                    reply
+                        .as_array()
+                        .and_then(|parts| parts.get(1))
+                        .and_then(RespValue::as_int)
+                        .unwrap_or(0)
+                })
+                .sum::<i64>()
         })
         .sum()
 }
