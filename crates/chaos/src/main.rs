@@ -167,6 +167,11 @@ enum Cmd {
         /// over them (`--resources` of them, `rl-<i>`); the other kinds' options are unused.
         #[arg(long, value_parser = clap::value_parser!(u32).range(3..))]
         redlock: Option<u32>,
+        /// Cluster mode: a Redis Cluster (3 primaries, a replica each), the clients connected
+        /// as cluster clients, faults on its nodes (primary kills, failovers, pauses, slot
+        /// migrations); no fair locks.
+        #[arg(long, conflicts_with = "redlock")]
+        cluster: bool,
     },
     /// Check a recorded history again (a directory written by `run`).
     Check { dir: PathBuf },
@@ -214,6 +219,10 @@ enum Cmd {
         ignore_lease: bool,
         #[arg(long)]
         cut_in_line: bool,
+        /// Cluster mode: the nodes to discover the cluster from, `host:port` comma-separated
+        /// (`--url` is then unused).
+        #[arg(long)]
+        cluster_seeds: Option<String>,
     },
     /// One client process of a RedLock run (started by `run --redlock`).
     #[command(hide = true)]
@@ -264,6 +273,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// `host:port,host:port`.
+fn parse_seeds(list: &str) -> anyhow::Result<Vec<(String, u16)>> {
+    list.split(',')
+        .map(|seed| {
+            let (host, port) = seed
+                .rsplit_once(':')
+                .ok_or_else(|| anyhow::anyhow!("seed {seed:?} is not host:port"))?;
+            Ok((host.to_string(), port.parse()?))
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
@@ -288,7 +309,10 @@ fn main() -> ExitCode {
             cut_in_line,
             tolerate_orphaned_reentry,
             redlock,
+            cluster,
         } => {
+            // The fair locks' observer reads one server: no fair locks on a cluster.
+            let fair_resources = if cluster { 0 } else { fair_resources };
             let config = run::RunConfig {
                 duration,
                 clients: clients.max(1),
@@ -308,6 +332,7 @@ fn main() -> ExitCode {
                 cut_in_line,
                 tolerate_orphaned_reentry,
                 redlock: redlock.unwrap_or(0),
+                cluster,
             };
             orchestrator::main(config, out, keep)
         }
@@ -336,29 +361,37 @@ fn main() -> ExitCode {
             command_timeout_ms,
             ignore_lease,
             cut_in_line,
-        } => worker::main(worker::WorkerConfig {
-            url,
-            prefix,
-            client,
-            gen,
-            dir,
-            seed,
-            tasks,
-            resources,
-            fair_resources,
-            fair_percent,
-            rw_resources,
-            rw_percent,
-            sem_resources,
-            sem_percent,
-            sem_permits,
-            redis_addr,
-            lease: Duration::from_millis(lease_ms),
-            command_timeout: Duration::from_millis(command_timeout_ms),
-            ignore_lease,
-            cut_in_line,
-        })
-        .map(|()| true),
+            cluster_seeds,
+        } => cluster_seeds
+            .as_deref()
+            .map(parse_seeds)
+            .transpose()
+            .and_then(|cluster_seeds| {
+                worker::main(worker::WorkerConfig {
+                    url,
+                    prefix,
+                    client,
+                    gen,
+                    dir,
+                    seed,
+                    tasks,
+                    resources,
+                    fair_resources,
+                    fair_percent,
+                    rw_resources,
+                    rw_percent,
+                    sem_resources,
+                    sem_percent,
+                    sem_permits,
+                    redis_addr,
+                    lease: Duration::from_millis(lease_ms),
+                    command_timeout: Duration::from_millis(command_timeout_ms),
+                    ignore_lease,
+                    cut_in_line,
+                    cluster_seeds,
+                })
+            })
+            .map(|()| true),
         Cmd::RedlockClient {
             urls,
             prefix,
