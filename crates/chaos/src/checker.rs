@@ -2497,6 +2497,40 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_failover_excuses_overlaps_only_on_the_killed_primarys_resources() {
+        let h = [
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+            history(1, hold(1, "b", 11, 500, 600, 700, None, 800)),
+        ];
+        let failover = |kind, lost: Vec<u32>| Fault {
+            kind,
+            client: None,
+            gen: None,
+            start: 300,
+            end: 450,
+            detail: String::new(),
+            lost: Some(lost),
+        };
+        let cluster = RunConfig {
+            cluster: true,
+            ..config()
+        };
+        let check = |fault: Fault| analyze(&cluster, &h, &[fault], &Cleanup::default(), &[], &[]);
+        // The killed primary served res-0 (the overlap's): Cluster's limit, counted apart.
+        let report = check(failover(FaultKind::PrimaryKill, vec![0]));
+        assert_eq!(report.count(OVERLAP), 0, "{report}");
+        assert_eq!(report.count(OVERLAP_FAILOVER), 1, "{report}");
+        assert!(report.passed());
+        // It served another resource: res-0's data was not lost, the overlap is a violation.
+        let report = check(failover(FaultKind::PrimaryKill, vec![1, 2]));
+        assert_eq!(report.count(OVERLAP), 1, "{report}");
+        assert_eq!(report.count(OVERLAP_FAILOVER), 0, "{report}");
+        // A coordinated failover loses nothing: no excuse either.
+        let report = check(failover(FaultKind::ClusterFailover, Vec::new()));
+        assert_eq!(report.count(OVERLAP), 1, "{report}");
+    }
+
+    #[test]
     fn same_owner_is_not_an_overlap() {
         let h = [history(
             0,

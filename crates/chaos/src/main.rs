@@ -64,6 +64,26 @@
 //!   server stay under 25 (5.3 on a 30 s run; 52.2 with the bare-quorum polling bug of the
 //!   first RedLock version).
 //!
+//! Cluster mode (`run --cluster`, issue 16): a Redis Cluster of 3 primaries with a replica
+//! each (testkit's `RedisCluster`), the same client processes connected as cluster clients
+//! (`ServerConfig::new_clustered` over every node; no proxies), taking plain and read/write
+//! locks and semaphores (no fair locks: their observer reads one server) whose slots are put on
+//! the three primaries in turn before the start. Faults (`FaultKind::CLUSTER`, the primary kill
+//! and the failover first in every run): a primary SIGKILLed, its replica promoted after the
+//! node timeout, the node then restarted and rejoining as a replica; `CLUSTER FAILOVER` on a
+//! replica; a node paused below the node timeout; the slot of a resource in use migrated to
+//! another primary (held a while half-moved: `ASK`, `TRYAGAIN`, then `MOVED`); every node's
+//! pub/sub or command connections killed; clients paused past their lease or killed. Checked:
+//! everything above, on every node (channels, sharded ones too, on any node; keys on the
+//! primaries). Cluster replication is asynchronous, so a killed primary loses the writes its
+//! replica had not received: overlaps and semaphore excesses on the resources that primary
+//! served, within a lease after the failover, are counted apart ("after a failover that lost
+//! writes"), as the one-server run counts those after Redis lost its data. Tokens that went
+//! backwards across such a failover have a line of their own too, but still fail the run: the
+//! fencing counter's server-time floor keeps tokens rising across data loss (all the nodes
+//! share one clock here). A coordinated `CLUSTER FAILOVER` loses nothing, so it excuses
+//! nothing, and a paused primary counts as killed only if its replica took over meanwhile.
+//!
 //! How a client works is in `worker.rs`, the faults in `orchestrator.rs`, and why each check
 //! is sound in `checker.rs`.
 #![forbid(unsafe_code)]

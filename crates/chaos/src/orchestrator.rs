@@ -506,7 +506,11 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
                     single_fault(redis, proxies, kind, client, rng, &mut target).await?
                 }
                 Deployment::Cluster { cluster, slots } => {
-                    let hot = env.in_use().await;
+                    let hot = if kind == FaultKind::SlotMigration {
+                        env.in_use().await
+                    } else {
+                        Vec::new()
+                    };
                     let (detail, lost_here) =
                         cluster_fault(cluster, slots, env.config, kind, rng, hot).await?;
                     lost = Some(lost_here);
