@@ -66,9 +66,9 @@
 //!
 //! Cluster mode (`run --cluster`, issue 16): a Redis Cluster of 3 primaries with a replica
 //! each (testkit's `RedisCluster`), the same client processes connected as cluster clients
-//! (`ServerConfig::new_clustered` over every node; no proxies), taking plain and read/write
-//! locks and semaphores (no fair locks: their observer reads one server) whose slots are put on
-//! the three primaries in turn before the start. Faults (`FaultKind::CLUSTER`, the primary kill
+//! (`ServerConfig::new_clustered` over every node; no proxies), taking locks of every kind
+//! (the fair locks' observer follows `MOVED` to the node serving a line) whose slots are put
+//! on the three primaries in turn before the start. Faults (`FaultKind::CLUSTER`, the primary kill
 //! and the failover first in every run): a primary SIGKILLed, its replica promoted after the
 //! node timeout, the node then restarted and rejoining as a replica; `CLUSTER FAILOVER` on a
 //! replica; a node paused below the node timeout; the slot of a resource in use migrated to
@@ -189,7 +189,7 @@ enum Cmd {
         redlock: Option<u32>,
         /// Cluster mode: a Redis Cluster (3 primaries, a replica each), the clients connected
         /// as cluster clients, faults on its nodes (primary kills, failovers, pauses, slot
-        /// migrations); no fair locks.
+        /// migrations).
         #[arg(long, conflicts_with = "redlock")]
         cluster: bool,
     },
@@ -331,8 +331,6 @@ fn main() -> ExitCode {
             redlock,
             cluster,
         } => {
-            // The fair locks' observer reads one server: no fair locks on a cluster.
-            let fair_resources = if cluster { 0 } else { fair_resources };
             let config = run::RunConfig {
                 duration,
                 clients: clients.max(1),

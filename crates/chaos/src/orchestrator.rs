@@ -203,7 +203,8 @@ impl Env<'_> {
                     .iter()
                     .map(|(host, port)| format!("{host}:{port}"))
                     .collect();
-                // `--url` and `--redis-addr` go unused (no fair locks on a cluster).
+                // `--url` and `--redis-addr` go unused: the clients and their observer of the
+                // fair locks' lines start from the seeds.
                 let first = cluster.node(0);
                 cmd.args(["--url", &first.url()])
                     .args(["--redis-addr", &first.addr().to_string()])

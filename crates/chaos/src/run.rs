@@ -56,7 +56,7 @@ pub struct RunConfig {
     pub redlock: u32,
     /// Cluster mode (`--cluster`): a Redis Cluster of 3 primaries with a replica each, the
     /// clients connected to it as a cluster (no proxies), faults on its nodes
-    /// (`orchestrator.rs`); no fair locks (their observer reads one server).
+    /// (`orchestrator.rs`).
     #[serde(default)]
     pub cluster: bool,
     /// Report orphaned re-entries without failing the run (for investigating that class of

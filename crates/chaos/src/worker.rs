@@ -168,7 +168,15 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
         tasks: config.tasks,
         client_id,
     });
-    let observer = Observer::start(config.redis_addr)?;
+    let observer = match &config.cluster_seeds {
+        Some(seeds) => Observer::start(
+            seeds
+                .iter()
+                .map(|(host, port)| format!("{host}:{port}").parse())
+                .collect::<Result<_, _>>()?,
+        )?,
+        None => Observer::start(vec![config.redis_addr])?,
+    };
     let ctx = Arc::new(Ctx {
         observer,
         store_path: config.dir.join("store.db"),

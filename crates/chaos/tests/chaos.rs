@@ -212,7 +212,7 @@ fn redlock_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
 }
 
 /// Cluster mode (issue 16): a Redis Cluster of 3 primaries with a replica each, the clients
-/// connected as cluster clients, names on all three primaries; a primary killed (its replica
+/// connected as cluster clients, locks of every kind on all three primaries; a primary killed (its replica
 /// promoted, the node back as a replica), `CLUSTER FAILOVER`, nodes paused, slots migrated
 /// under held and waited-on locks, clients paused and killed. First the self-test: clients
 /// that ignore `is_held()` must be caught (overlaps that no failover excuses). Then 18
@@ -258,6 +258,10 @@ fn cluster_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
     );
     assert!(stdout.contains("result: PASS"), "{stdout}");
     assert!(row(&stdout, "total ") > 50, "calls");
+    // Every kind, the fair lock's line read on the node serving it.
+    assert!(row(&stdout, "fair-lock ops:") > 10, "fair calls");
+    assert!(row(&stdout, "rw-lock ops:") > 10, "read/write calls");
+    assert!(row(&stdout, "semaphore ops:") > 10, "semaphore calls");
     assert!(
         row(&stdout, "primary SIGKILL, failover, rejoin") >= 1,
         "{stdout}"
