@@ -67,6 +67,9 @@ lint:
 # checker; exit 1 on any violation. Pass e.g. `--seed 42` to replay a schedule, `--keep` to keep
 # the history. `just test` runs a 20-second version (crates/chaos/tests/chaos.rs).
 # `just chaos --redlock 5`: the RedLock mode (five servers, per-server faults; docs/red-lock.md).
+# `just chaos --cluster`: the Redis Cluster mode (3 primaries with a replica each; primary kills,
+# CLUSTER FAILOVER, node pauses, slot migrations; losses of a killed primary counted apart;
+# docs/guide.md, crates/chaos/src/orchestrator.rs).
 chaos *ARGS: setup
     cargo run --quiet --release -p leasehold-chaos -- run --duration 120s {{ARGS}}
 

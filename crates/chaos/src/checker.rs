@@ -490,6 +490,45 @@ pub const LOCAL_LEFT: &str =
     "cleanup: waiters, subscriptions or holds still registered in a client";
 pub const CRASHED: &str = "clients: crashed or not stopped cleanly";
 
+pub const FENCE_FAILOVER: &str =
+    "fence: tokens that went backwards across a failover that lost writes";
+pub const OVERLAP_FAILOVER: &str = "exclusion: overlaps after a failover that lost writes";
+pub const SEMAPHORE_FAILOVER: &str =
+    "semaphore: over the number only after a failover that lost writes";
+
+/// The names of the checks that allow for Redis losing data, by mode: a restart of the one
+/// server, or in cluster mode a primary killed before its replica had every write (Redis
+/// Cluster replicates asynchronously), which only loses the data of the slots it served.
+struct Labels {
+    fence_restart: &'static str,
+    overlap_data_loss: &'static str,
+    semaphore_data_loss: &'static str,
+    past_loss: &'static str,
+    losses: &'static str,
+}
+
+impl Labels {
+    fn of(config: &RunConfig) -> Labels {
+        if config.cluster {
+            Labels {
+                fence_restart: FENCE_FAILOVER,
+                overlap_data_loss: OVERLAP_FAILOVER,
+                semaphore_data_loss: SEMAPHORE_FAILOVER,
+                past_loss: "believed past its lease after a failover lost writes: ",
+                losses: "failovers that may have lost writes",
+            }
+        } else {
+            Labels {
+                fence_restart: FENCE_RESTART,
+                overlap_data_loss: OVERLAP_DATA_LOSS,
+                semaphore_data_loss: SEMAPHORE_DATA_LOSS,
+                past_loss: "believed past its lease after Redis lost its data: ",
+                losses: "Redis restarts",
+            }
+        }
+    }
+}
+
 /// Checks a history (pure: the unit tests feed it made-up histories).
 pub fn analyze(
     config: &RunConfig,
@@ -639,29 +678,39 @@ pub fn analyze(
     }
 
     operations(&mut report, &ops, accepted, refused);
-    for kind in FaultKind::ALL {
+    for &kind in FaultKind::of_run(config.cluster) {
         report.faults.push((
             kind.name(),
             faults.iter().filter(|f| f.kind == kind).count(),
         ));
     }
-    let restarts: Vec<(i64, i64)> = faults
-        .iter()
-        .filter(|f| f.kind == FaultKind::RedisRestart)
-        .map(|f| (f.start, f.end))
-        .collect();
-    let restart_within = |from: i64, to: i64| restarts.iter().any(|(s, e)| *s <= to && *e >= from);
-
-    // The end of the last restart in [from, to]: Redis lost its data before then.
-    let last_restart_within = |from: i64, to: i64| {
-        restarts
+    // When Redis may have lost a resource's data: a restart (every resource), or in cluster
+    // mode a primary killed before its replica had every write (the resources it served).
+    let losses: Vec<&Fault> = faults.iter().filter(|f| f.lost_data()).collect();
+    let restart_within = |res: u32, from: i64, to: i64| {
+        losses
             .iter()
-            .filter(|(s, e)| *s <= to && *e >= from)
-            .map(|(_, e)| *e)
+            .any(|f| f.lost_data_of(res) && f.start <= to && f.end >= from)
+    };
+
+    // The end of the last loss of `res`'s data in [from, to]: Redis lost it before then.
+    let last_restart_within = |res: u32, from: i64, to: i64| {
+        losses
+            .iter()
+            .filter(|f| f.lost_data_of(res) && f.start <= to && f.end >= from)
+            .map(|f| f.end)
             .max()
     };
-    fence_checks(&mut report, &ops, accepted, &restart_within, &layout);
-    let upgraded = exclusion_checks(&mut report, &ops, faults, &last_restart_within);
+    let labels = Labels::of(config);
+    fence_checks(
+        &mut report,
+        &ops,
+        accepted,
+        &restart_within,
+        &layout,
+        &labels,
+    );
+    let upgraded = exclusion_checks(&mut report, &ops, faults, &last_restart_within, &labels);
     rw_checks(&mut report, &ops, upgraded, &last_restart_within);
     semaphore_check(
         &mut report,
@@ -669,7 +718,8 @@ pub fn analyze(
         &ops,
         &last_restart_within,
         &permits_set,
-        &restarts,
+        &losses,
+        &labels,
     );
     liveness_check(&mut report, config, &ops, faults, &drained);
     free_lock_check(&mut report, config, &ops, faults);
@@ -833,8 +883,9 @@ fn fence_checks(
     report: &mut Report,
     ops: &BTreeMap<OpKey, Op>,
     accepted: &[Accepted],
-    restart_within: &dyn Fn(i64, i64) -> bool,
+    restart_within: &dyn Fn(u32, i64, i64) -> bool,
     layout: &Layout,
+    labels: &Labels,
 ) {
     // The store's own invariant, from its log.
     let mut last: HashMap<u32, u64> = HashMap::new();
@@ -917,7 +968,7 @@ fn fence_checks(
             if token <= max {
                 let before = grants[at];
                 let before_t = before.granted.as_ref().map_or(0, |g| g.t);
-                if restart_within(before_t, op.begin) {
+                if restart_within(op.res, before_t, op.begin) {
                     across_restart += 1;
                 } else {
                     order += 1;
@@ -943,9 +994,10 @@ fn fence_checks(
     report
         .checks
         .push(CheckLine::must_be_zero(FENCE_ORDER, order));
-    report
-        .checks
-        .push(CheckLine::must_be_zero(FENCE_RESTART, across_restart));
+    report.checks.push(CheckLine::must_be_zero(
+        labels.fence_restart,
+        across_restart,
+    ));
 }
 
 struct Belief<'a> {
@@ -970,7 +1022,8 @@ fn exclusion_checks(
     report: &mut Report,
     ops: &BTreeMap<OpKey, Op>,
     faults: &[Fault],
-    last_restart_within: &dyn Fn(i64, i64) -> Option<i64>,
+    last_restart_within: &dyn Fn(u32, i64, i64) -> Option<i64>,
+    labels: &Labels,
 ) -> BTreeMap<OpKey, String> {
     let mut by_res: BTreeMap<u32, Vec<Belief<'_>>> = BTreeMap::new();
     for op in ops.values().filter(|o| o.ty != LockType::Semaphore) {
@@ -1034,12 +1087,12 @@ fn exclusion_checks(
                 // both in; the first holder cannot know until its next renewal, and believes
                 // at most one lease past the loss (its deadline is a lease after the last
                 // renewal it sent before). Believing longer than that is a violation.
-                let why = match last_restart_within(a.op.begin, ob.t) {
+                let why = match last_restart_within(a.op.res, a.op.begin, ob.t) {
                     Some(lost_by) if overlap_end <= lost_by + a.op.lease => {
                         data_loss += 1;
                         continue;
                     }
-                    Some(_) => "believed past its lease after Redis lost its data: ",
+                    Some(_) => labels.past_loss,
                     None => "",
                 };
                 let what = if upgrade {
@@ -1095,7 +1148,7 @@ fn exclusion_checks(
         .checks
         .push(CheckLine::must_be_zero(OVERLAP_REPLACED, replaced));
     report.checks.push(CheckLine {
-        name: OVERLAP_DATA_LOSS,
+        name: labels.overlap_data_loss,
         count: data_loss,
         must_be_zero: false,
         note: "allowed: the holder cannot know before its next renewal".into(),
@@ -1177,7 +1230,7 @@ fn rw_checks(
     report: &mut Report,
     ops: &BTreeMap<OpKey, Op>,
     mut upgraded: BTreeMap<OpKey, String>,
-    last_restart_within: &dyn Fn(i64, i64) -> Option<i64>,
+    last_restart_within: &dyn Fn(u32, i64, i64) -> Option<i64>,
 ) {
     let rw_ops = || ops.values().filter(|o| o.ty == LockType::ReadWrite);
     let (mut attempts, mut refused, mut reentered, mut unjudged) = (0, 0, 0, 0);
@@ -1238,7 +1291,7 @@ fn rw_checks(
             let write_began = ops
                 .get(&(client, gen, under))
                 .map_or(op.begin, |write| write.begin);
-            if last_restart_within(write_began, end).is_some() {
+            if last_restart_within(op.res, write_began, end).is_some() {
                 refused_by_loss += 1;
                 continue;
             }
@@ -1301,9 +1354,10 @@ fn semaphore_check(
     report: &mut Report,
     config: &RunConfig,
     ops: &BTreeMap<OpKey, Op>,
-    last_restart_within: &dyn Fn(i64, i64) -> Option<i64>,
+    last_restart_within: &dyn Fn(u32, i64, i64) -> Option<i64>,
     permits_set: &[bool],
-    restarts: &[(i64, i64)],
+    losses: &[&Fault],
+    labels: &Labels,
 ) {
     let number = i64::from(config.sem_permits);
     let mut by_res: BTreeMap<u32, Vec<Belief<'_>>> = BTreeMap::new();
@@ -1321,7 +1375,10 @@ fn semaphore_check(
         // (instant, the op it is about)
         let mut instants: Vec<(i64, &Op)> = beliefs.iter().map(|b| (b.from, b.op)).collect();
         for b in beliefs {
-            for &(_, lost_by) in restarts.iter().filter(|(_, e)| *e >= b.op.begin) {
+            let lost = losses
+                .iter()
+                .filter(|f| f.lost_data_of(b.op.res) && f.end >= b.op.begin);
+            for lost_by in lost.map(|f| f.end) {
                 let excused_until = lost_by + b.op.lease;
                 if excused_until < b.to {
                     instants.push((excused_until.max(b.from) + 1, b.op));
@@ -1335,7 +1392,7 @@ fn semaphore_check(
             for b in covering {
                 let n = i64::from(b.op.permits);
                 total += n;
-                let excused = last_restart_within(b.op.begin, t)
+                let excused = last_restart_within(b.op.res, b.op.begin, t)
                     .is_some_and(|lost_by| t <= lost_by + b.op.lease);
                 if !excused {
                     fresh += n;
@@ -1378,19 +1435,20 @@ fn semaphore_check(
         format!(
             "{} calls ({ones} for 1 permit, {} for 2), {granted} granted; most permits believed \
              held at once: {most} of {number}; number of permits set {} times ({} by the ticker) \
-             over {} Redis restarts",
+             over {} {}",
             sem_ops().count(),
             sem_ops().count() - ones,
             permits_set.len(),
             permits_set.iter().filter(|by_op| !**by_op).count(),
-            restarts.len(),
+            losses.len(),
+            labels.losses,
         ),
     ));
     report
         .checks
         .push(CheckLine::must_be_zero(SEMAPHORE_LIMIT, violations));
     report.checks.push(CheckLine {
-        name: SEMAPHORE_DATA_LOSS,
+        name: labels.semaphore_data_loss,
         count: over.len() - violations,
         must_be_zero: false,
         note: "allowed: a holder from before the loss cannot know before its next renewal".into(),
@@ -2292,6 +2350,7 @@ mod tests {
             cut_in_line: false,
             tolerate_orphaned_reentry: false,
             redlock: 0,
+            cluster: false,
         }
     }
 
@@ -2422,6 +2481,7 @@ mod tests {
             start: 300,
             end: 450,
             detail: String::new(),
+            lost: None,
         };
         let report = run(&h, std::slice::from_ref(&restart), &[]);
         assert_eq!(report.count(OVERLAP), 0);
@@ -2433,6 +2493,40 @@ mod tests {
             history(1, hold(1, "b", 11, 500, 600, 1_900_000, None, 1_900_100)),
         ];
         let report = run(&h, &[restart], &[]);
+        assert_eq!(report.count(OVERLAP), 1, "{report}");
+    }
+
+    #[test]
+    fn a_cluster_failover_excuses_overlaps_only_on_the_killed_primarys_resources() {
+        let h = [
+            history(0, hold(1, "a", 10, 0, 100, 900, None, 1000)),
+            history(1, hold(1, "b", 11, 500, 600, 700, None, 800)),
+        ];
+        let failover = |kind, lost: Vec<u32>| Fault {
+            kind,
+            client: None,
+            gen: None,
+            start: 300,
+            end: 450,
+            detail: String::new(),
+            lost: Some(lost),
+        };
+        let cluster = RunConfig {
+            cluster: true,
+            ..config()
+        };
+        let check = |fault: Fault| analyze(&cluster, &h, &[fault], &Cleanup::default(), &[], &[]);
+        // The killed primary served res-0 (the overlap's): Cluster's limit, counted apart.
+        let report = check(failover(FaultKind::PrimaryKill, vec![0]));
+        assert_eq!(report.count(OVERLAP), 0, "{report}");
+        assert_eq!(report.count(OVERLAP_FAILOVER), 1, "{report}");
+        assert!(report.passed());
+        // It served another resource: res-0's data was not lost, the overlap is a violation.
+        let report = check(failover(FaultKind::PrimaryKill, vec![1, 2]));
+        assert_eq!(report.count(OVERLAP), 1, "{report}");
+        assert_eq!(report.count(OVERLAP_FAILOVER), 0, "{report}");
+        // A coordinated failover loses nothing: no excuse either.
+        let report = check(failover(FaultKind::ClusterFailover, Vec::new()));
         assert_eq!(report.count(OVERLAP), 1, "{report}");
     }
 
@@ -2516,6 +2610,7 @@ mod tests {
             start: 320,
             end: 350,
             detail: String::new(),
+            lost: None,
         };
         let report = run(&h, &[restart], &[]);
         assert_eq!(report.count(FENCE_RESTART), 1, "{report}");
@@ -2568,6 +2663,7 @@ mod tests {
             start: 250,
             end: 1400,
             detail: String::new(),
+            lost: None,
         };
         let report = run(&h, &[pause], &[]);
         assert_eq!(report.count(LATE_WRITES), 1, "{report}");
@@ -2634,6 +2730,7 @@ mod tests {
                 start: i * 5_000_000,
                 end: i * 5_000_000 + 1_000_000,
                 detail: String::new(),
+                lost: None,
             })
             .collect();
         assert_eq!(run(&h, &faults, &[]).count(STUCK), 0);
@@ -2711,6 +2808,7 @@ mod tests {
             start,
             end,
             detail: String::new(),
+            lost: None,
         }
     }
 

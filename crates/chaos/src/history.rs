@@ -346,6 +346,20 @@ pub enum FaultKind {
     KillPubsubConnections,
     /// `CLIENT KILL TYPE normal`: every command connection.
     KillCommandConnections,
+    /// Cluster mode: a primary SIGKILLed; its replica is promoted after the node timeout, then
+    /// the killed node is started again and rejoins as a replica. Replication is
+    /// asynchronous: writes the primary acknowledged but had not yet sent to its replica are
+    /// lost ([`Fault::lost`] lists the resources it served).
+    PrimaryKill,
+    /// Cluster mode: `CLUSTER FAILOVER` on a primary's replica (coordinated: the replica
+    /// catches up first, so no write is lost).
+    ClusterFailover,
+    /// Cluster mode: one node (primary or replica) SIGSTOPped, then SIGCONTed, for less than
+    /// the node timeout.
+    NodePause,
+    /// Cluster mode: the slot of a resource (mostly one held or waited on) moved to another
+    /// primary, the clients caught in the middle (`ASK`, `TRYAGAIN`, then `MOVED`).
+    SlotMigration,
 }
 
 impl FaultKind {
@@ -361,6 +375,28 @@ impl FaultKind {
         FaultKind::KillCommandConnections,
     ];
 
+    /// The faults of a cluster run (`--cluster`): no proxies there (the cluster tells clients
+    /// the nodes' own addresses), and Redis faults per node.
+    pub const CLUSTER: [FaultKind; 8] = [
+        FaultKind::ClientPause,
+        FaultKind::ClientKill,
+        FaultKind::PrimaryKill,
+        FaultKind::ClusterFailover,
+        FaultKind::NodePause,
+        FaultKind::SlotMigration,
+        FaultKind::KillPubsubConnections,
+        FaultKind::KillCommandConnections,
+    ];
+
+    /// The kinds of a run: [`FaultKind::CLUSTER`] in cluster mode, else [`FaultKind::ALL`].
+    pub fn of_run(cluster: bool) -> &'static [FaultKind] {
+        if cluster {
+            &FaultKind::CLUSTER
+        } else {
+            &FaultKind::ALL
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             FaultKind::ProxyLatency => "proxy latency",
@@ -372,6 +408,10 @@ impl FaultKind {
             FaultKind::RedisPause => "Redis SIGSTOP",
             FaultKind::KillPubsubConnections => "CLIENT KILL TYPE pubsub",
             FaultKind::KillCommandConnections => "CLIENT KILL TYPE normal",
+            FaultKind::PrimaryKill => "primary SIGKILL, failover, rejoin",
+            FaultKind::ClusterFailover => "CLUSTER FAILOVER (coordinated)",
+            FaultKind::NodePause => "cluster node SIGSTOP",
+            FaultKind::SlotMigration => "slot migration (ASK, then MOVED)",
         }
     }
 }
@@ -387,6 +427,28 @@ pub struct Fault {
     pub start: i64,
     pub end: i64,
     pub detail: String,
+    /// Resources whose Redis data this fault may have lost, from `start` on (cluster mode:
+    /// those on a killed primary, or on a paused one that a replica replaced). `None`: as the
+    /// kind says ([`FaultKind::RedisRestart`] loses every resource's data, the others none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<Vec<u32>>,
+}
+
+impl Fault {
+    /// Whether this fault may have lost resource `res`'s data in Redis.
+    pub fn lost_data_of(&self, res: u32) -> bool {
+        match &self.lost {
+            Some(resources) => resources.contains(&res),
+            None => self.kind == FaultKind::RedisRestart,
+        }
+    }
+
+    /// Whether it may have lost anyone's data.
+    pub fn lost_data(&self) -> bool {
+        self.lost
+            .as_ref()
+            .map_or(self.kind == FaultKind::RedisRestart, |r| !r.is_empty())
+    }
 }
 
 pub fn write_faults(path: &Path, faults: &[Fault]) -> anyhow::Result<()> {

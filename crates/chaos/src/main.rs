@@ -64,6 +64,26 @@
 //!   server stay under 25 (5.3 on a 30 s run; 52.2 with the bare-quorum polling bug of the
 //!   first RedLock version).
 //!
+//! Cluster mode (`run --cluster`, issue 16): a Redis Cluster of 3 primaries with a replica
+//! each (testkit's `RedisCluster`), the same client processes connected as cluster clients
+//! (`ServerConfig::new_clustered` over every node; no proxies), taking locks of every kind
+//! (the fair locks' observer follows `MOVED` to the node serving a line) whose slots are put
+//! on the three primaries in turn before the start. Faults (`FaultKind::CLUSTER`, the primary kill
+//! and the failover first in every run): a primary SIGKILLed, its replica promoted after the
+//! node timeout, the node then restarted and rejoining as a replica; `CLUSTER FAILOVER` on a
+//! replica; a node paused below the node timeout; the slot of a resource in use migrated to
+//! another primary (held a while half-moved: `ASK`, `TRYAGAIN`, then `MOVED`); every node's
+//! pub/sub or command connections killed; clients paused past their lease or killed. Checked:
+//! everything above, on every node (channels, sharded ones too, on any node; keys on the
+//! primaries). Cluster replication is asynchronous, so a killed primary loses the writes its
+//! replica had not received: overlaps and semaphore excesses on the resources that primary
+//! served, within a lease after the failover, are counted apart ("after a failover that lost
+//! writes"), as the one-server run counts those after Redis lost its data. Tokens that went
+//! backwards across such a failover have a line of their own too, but still fail the run: the
+//! fencing counter's server-time floor keeps tokens rising across data loss (all the nodes
+//! share one clock here). A coordinated `CLUSTER FAILOVER` loses nothing, so it excuses
+//! nothing, and a paused primary counts as killed only if its replica took over meanwhile.
+//!
 //! How a client works is in `worker.rs`, the faults in `orchestrator.rs`, and why each check
 //! is sound in `checker.rs`.
 #![forbid(unsafe_code)]
@@ -167,6 +187,11 @@ enum Cmd {
         /// over them (`--resources` of them, `rl-<i>`); the other kinds' options are unused.
         #[arg(long, value_parser = clap::value_parser!(u32).range(3..))]
         redlock: Option<u32>,
+        /// Cluster mode: a Redis Cluster (3 primaries, a replica each), the clients connected
+        /// as cluster clients, faults on its nodes (primary kills, failovers, pauses, slot
+        /// migrations).
+        #[arg(long, conflicts_with = "redlock")]
+        cluster: bool,
     },
     /// Check a recorded history again (a directory written by `run`).
     Check { dir: PathBuf },
@@ -214,6 +239,10 @@ enum Cmd {
         ignore_lease: bool,
         #[arg(long)]
         cut_in_line: bool,
+        /// Cluster mode: the nodes to discover the cluster from, `host:port` comma-separated
+        /// (`--url` is then unused).
+        #[arg(long)]
+        cluster_seeds: Option<String>,
     },
     /// One client process of a RedLock run (started by `run --redlock`).
     #[command(hide = true)]
@@ -264,6 +293,18 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// `host:port,host:port`.
+fn parse_seeds(list: &str) -> anyhow::Result<Vec<(String, u16)>> {
+    list.split(',')
+        .map(|seed| {
+            let (host, port) = seed
+                .rsplit_once(':')
+                .ok_or_else(|| anyhow::anyhow!("seed {seed:?} is not host:port"))?;
+            Ok((host.to_string(), port.parse()?))
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
@@ -288,6 +329,7 @@ fn main() -> ExitCode {
             cut_in_line,
             tolerate_orphaned_reentry,
             redlock,
+            cluster,
         } => {
             let config = run::RunConfig {
                 duration,
@@ -308,6 +350,7 @@ fn main() -> ExitCode {
                 cut_in_line,
                 tolerate_orphaned_reentry,
                 redlock: redlock.unwrap_or(0),
+                cluster,
             };
             orchestrator::main(config, out, keep)
         }
@@ -336,29 +379,37 @@ fn main() -> ExitCode {
             command_timeout_ms,
             ignore_lease,
             cut_in_line,
-        } => worker::main(worker::WorkerConfig {
-            url,
-            prefix,
-            client,
-            gen,
-            dir,
-            seed,
-            tasks,
-            resources,
-            fair_resources,
-            fair_percent,
-            rw_resources,
-            rw_percent,
-            sem_resources,
-            sem_percent,
-            sem_permits,
-            redis_addr,
-            lease: Duration::from_millis(lease_ms),
-            command_timeout: Duration::from_millis(command_timeout_ms),
-            ignore_lease,
-            cut_in_line,
-        })
-        .map(|()| true),
+            cluster_seeds,
+        } => cluster_seeds
+            .as_deref()
+            .map(parse_seeds)
+            .transpose()
+            .and_then(|cluster_seeds| {
+                worker::main(worker::WorkerConfig {
+                    url,
+                    prefix,
+                    client,
+                    gen,
+                    dir,
+                    seed,
+                    tasks,
+                    resources,
+                    fair_resources,
+                    fair_percent,
+                    rw_resources,
+                    rw_percent,
+                    sem_resources,
+                    sem_percent,
+                    sem_permits,
+                    redis_addr,
+                    lease: Duration::from_millis(lease_ms),
+                    command_timeout: Duration::from_millis(command_timeout_ms),
+                    ignore_lease,
+                    cut_in_line,
+                    cluster_seeds,
+                })
+            })
+            .map(|()| true),
         Cmd::RedlockClient {
             urls,
             prefix,

@@ -4,6 +4,12 @@
 //! when its command was sent and when the reply came back (the run's clock): the command ran
 //! in Redis at some instant in between.
 //!
+//! On a Redis Cluster (`run --cluster`) it starts from the nodes' addresses and follows the
+//! cluster: a node that does not serve a key's slot answers `MOVED` with the node that does,
+//! which it asks again at once; a node it cannot reach (killed) sends the next command to the
+//! next node it knows. A command that meets anything else (`ASK` or `TRYAGAIN` during a slot
+//! migration, `CLUSTERDOWN` during a failover) goes unanswered, as when Redis is paused.
+//!
 //! What it reads (see `checker::fair_order_check` for how it is used):
 //! - [`Observer::floor`], just before a fair acquire: whether the owner already had a place in
 //!   the line, held the lock, or had a turn reserved;
@@ -91,11 +97,13 @@ impl std::fmt::Debug for Ask {
 impl Observer {
     /// Starts the thread; it connects to `addr` at its first command (and again after any
     /// failure).
-    pub fn start(addr: SocketAddr) -> anyhow::Result<Observer> {
+    /// Observes the server at `addrs[0]`, or the cluster whose nodes are `addrs`.
+    pub fn start(addrs: Vec<SocketAddr>) -> anyhow::Result<Observer> {
+        anyhow::ensure!(!addrs.is_empty(), "nothing to observe");
         let (asks, requests) = mpsc::channel();
         std::thread::Builder::new()
             .name("observer".into())
-            .spawn(move || serve(addr, requests))?;
+            .spawn(move || serve(addrs, requests))?;
         Ok(Observer { asks })
     }
 
@@ -171,7 +179,9 @@ impl Observer {
 
 type Connection = (TcpStream, BufReader<TcpStream>);
 
-fn serve(addr: SocketAddr, requests: mpsc::Receiver<Ask>) {
+fn serve(mut addrs: Vec<SocketAddr>, requests: mpsc::Receiver<Ask>) {
+    // The node asked: the one that served the last command.
+    let mut at = 0;
     let mut conn: Option<Connection> = None;
     for ask in requests {
         if ask.answer.is_closed() {
@@ -181,10 +191,26 @@ fn serve(addr: SocketAddr, requests: mpsc::Receiver<Ask>) {
         // Redis restart): then once more on a new one (the commands only read, but for the
         // self-test's, which may then run twice).
         let reused = conn.is_some();
-        let mut answer = run(addr, &mut conn, &ask.args);
+        let mut answer = run(addrs[at], &mut conn, &ask.args);
         if answer.is_err() && reused {
             conn = None;
-            answer = run(addr, &mut conn, &ask.args);
+            answer = run(addrs[at], &mut conn, &ask.args);
+        }
+        // Cluster: the key's slot is served elsewhere (the command did not run here).
+        let moved = match &answer {
+            Ok(Answer {
+                value: RespValue::Error(error),
+                ..
+            }) => moved_to(error),
+            _ => None,
+        };
+        if let Some(node) = moved {
+            at = addrs.iter().position(|a| *a == node).unwrap_or_else(|| {
+                addrs.push(node);
+                addrs.len() - 1
+            });
+            conn = None;
+            answer = run(addrs[at], &mut conn, &ask.args);
         }
         match answer {
             Ok(answer) if !matches!(answer.value, RespValue::Error(_)) => {
@@ -192,10 +218,23 @@ fn serve(addr: SocketAddr, requests: mpsc::Receiver<Ask>) {
             }
             // An error reply: the connection is still in step.
             Ok(_) => {}
-            // Anything else may leave a reply unread: start over on a new connection.
-            Err(_) => conn = None,
+            // Anything else may leave a reply unread: start over on a new connection, to the
+            // next node of a cluster (this one may be down).
+            Err(_) => {
+                conn = None;
+                at = (at + 1) % addrs.len();
+            }
         }
     }
+}
+
+/// The node named by a `MOVED <slot> <host>:<port>` error.
+fn moved_to(error: &str) -> Option<SocketAddr> {
+    let mut words = error.split_whitespace();
+    if words.next()? != "MOVED" {
+        return None;
+    }
+    words.nth(1)?.parse().ok()
 }
 
 fn run(
@@ -223,4 +262,19 @@ fn run(
         value,
         received,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moved_names_the_node_serving_the_slot() {
+        assert_eq!(
+            moved_to("MOVED 3999 127.0.0.1:6381"),
+            Some("127.0.0.1:6381".parse().unwrap())
+        );
+        assert_eq!(moved_to("ASK 3999 127.0.0.1:6381"), None);
+        assert_eq!(moved_to("ERR unknown command"), None);
+    }
 }

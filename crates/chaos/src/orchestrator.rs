@@ -1,6 +1,18 @@
 //! `leasehold-chaos run`: starts Redis, one fault proxy per client and K client processes,
 //! injects faults on a schedule drawn from the seed, stops the clients cleanly, checks what
 //! they left in Redis, and runs the checker over the recorded history.
+//!
+//! Cluster mode (`run --cluster`) runs the same clients, history and checker against a Redis
+//! Cluster ([`RedisCluster`]: 3 primaries with a replica each), the clients connected as
+//! cluster clients from the nodes' addresses (no proxies: the cluster tells clients where
+//! each slot is, at the nodes' own addresses), and the resources' slots placed on the three
+//! primaries in turn before the clients start. Its faults ([`FaultKind::CLUSTER`]): a primary
+//! killed (its replica promoted after the node timeout, the killed node then started again
+//! and rejoining as a replica; the resources it served recorded as possibly lost, since
+//! Cluster replicates asynchronously), `CLUSTER FAILOVER` (coordinated, lossless), a node
+//! paused for less than the node timeout, the slot of a resource (mostly one in use) migrated
+//! to another primary, every node's connections killed, and the clients paused or killed as
+//! in the one-server run. [`Deployment`] is what differs between the two; the rest is shared.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use leasehold_testkit::{ChildProcess, Proxy, RedisServer, RespValue};
+use leasehold_testkit::{ChildProcess, Proxy, RedisCluster, RedisServer, RespValue};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::time::{sleep, Instant};
@@ -65,12 +77,113 @@ struct Slot {
     client_id: String,
 }
 
+/// The Redis the clients use.
+enum Deployment {
+    /// One server, reached by each client through a fault proxy of its own.
+    Single {
+        redis: Arc<RedisServer>,
+        proxies: Vec<Proxy>,
+    },
+    /// A Redis Cluster, reached directly as cluster clients. `slots[res]`: the slot of
+    /// resource `res`'s keys.
+    Cluster {
+        cluster: Arc<RedisCluster>,
+        slots: Vec<u16>,
+    },
+}
+
+impl Deployment {
+    /// Where `key` lives: the server, or the primary serving `key`'s slot now.
+    async fn node_of(&self, key: &str) -> anyhow::Result<Arc<dyn Node>> {
+        match self {
+            Deployment::Single { redis, .. } => Ok(redis.clone()),
+            Deployment::Cluster { cluster, .. } => {
+                let (c, key) = (cluster.clone(), key.to_string());
+                let node = blocking(move || c.owner_of_slot(c.key_slot(&key)?)).await??;
+                Ok(ClusterNode::of(cluster, node))
+            }
+        }
+    }
+
+    /// Runs `args` where `key` lives.
+    async fn key_command(&self, key: &str, args: Vec<String>) -> anyhow::Result<RespValue> {
+        let node = self.node_of(key).await?;
+        Ok(blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            node.command(&args)
+        })
+        .await??)
+    }
+
+    /// The servers that hold data: the one server, or the cluster's primaries (each with a
+    /// name for the report).
+    async fn data_nodes(&self) -> anyhow::Result<Vec<(String, Arc<dyn Node>)>> {
+        match self {
+            Deployment::Single { redis, .. } => Ok(vec![(String::new(), redis.clone() as _)]),
+            Deployment::Cluster { cluster, .. } => {
+                let c = cluster.clone();
+                let primaries = blocking(move || c.primaries()).await??;
+                Ok(primaries
+                    .into_iter()
+                    .map(|i| (node_label(cluster, i), ClusterNode::of(cluster, i)))
+                    .collect())
+            }
+        }
+    }
+
+    /// Every server a client may be connected to: the one server, or every cluster node.
+    fn all_nodes(&self) -> Vec<(String, Arc<dyn Node>)> {
+        match self {
+            Deployment::Single { redis, .. } => vec![(String::new(), redis.clone() as _)],
+            Deployment::Cluster { cluster, .. } => (0..cluster.nodes().len())
+                .map(|i| (node_label(cluster, i), ClusterNode::of(cluster, i)))
+                .collect(),
+        }
+    }
+}
+
+/// A server to send commands to: the one server, or one node of the cluster.
+pub(crate) trait Node: Send + Sync {
+    fn command(&self, args: &[&str]) -> leasehold_testkit::Result<RespValue>;
+}
+
+impl Node for RedisServer {
+    fn command(&self, args: &[&str]) -> leasehold_testkit::Result<RespValue> {
+        RedisServer::command(self, args)
+    }
+}
+
+/// Node `index` of a cluster (an index stays valid for the cluster's life).
+struct ClusterNode {
+    cluster: Arc<RedisCluster>,
+    index: usize,
+}
+
+impl ClusterNode {
+    fn of(cluster: &Arc<RedisCluster>, index: usize) -> Arc<dyn Node> {
+        Arc::new(ClusterNode {
+            cluster: cluster.clone(),
+            index,
+        })
+    }
+}
+
+impl Node for ClusterNode {
+    fn command(&self, args: &[&str]) -> leasehold_testkit::Result<RespValue> {
+        self.cluster.node(self.index).command(args)
+    }
+}
+
+/// `node 2 (port 40123): ` (empty for the one server: its reports stay as they were).
+fn node_label(cluster: &RedisCluster, index: usize) -> String {
+    format!("node {index} (port {}): ", cluster.node(index).port())
+}
+
 struct Env<'a> {
     config: &'a RunConfig,
     dir: &'a Path,
     exe: PathBuf,
-    redis: Arc<RedisServer>,
-    proxies: Vec<Proxy>,
+    deployment: Deployment,
     slots: Vec<Slot>,
 }
 
@@ -78,9 +191,27 @@ impl Env<'_> {
     fn spawn_client(&self, client: u32, gen: u32) -> anyhow::Result<Arc<ChildProcess>> {
         let c = self.config;
         let mut cmd = Command::new(&self.exe);
-        cmd.arg("client")
-            .args(["--url", &self.proxies[client as usize].url()])
-            .args(["--prefix", PREFIX])
+        cmd.arg("client");
+        match &self.deployment {
+            Deployment::Single { redis, proxies } => {
+                cmd.args(["--url", &proxies[client as usize].url()])
+                    .args(["--redis-addr", &redis.addr().to_string()]);
+            }
+            Deployment::Cluster { cluster, .. } => {
+                let seeds: Vec<String> = cluster
+                    .seeds()
+                    .iter()
+                    .map(|(host, port)| format!("{host}:{port}"))
+                    .collect();
+                // `--url` and `--redis-addr` go unused: the clients and their observer of the
+                // fair locks' lines start from the seeds.
+                let first = cluster.node(0);
+                cmd.args(["--url", &first.url()])
+                    .args(["--redis-addr", &first.addr().to_string()])
+                    .args(["--cluster-seeds", &seeds.join(",")]);
+            }
+        }
+        cmd.args(["--prefix", PREFIX])
             .args(["--client", &client.to_string()])
             .args(["--gen", &gen.to_string()])
             .arg("--dir")
@@ -95,7 +226,6 @@ impl Env<'_> {
             .args(["--sem-resources", &c.sem_resources.to_string()])
             .args(["--sem-percent", &c.sem_percent.to_string()])
             .args(["--sem-permits", &c.sem_permits.to_string()])
-            .args(["--redis-addr", &self.redis.addr().to_string()])
             .args(["--lease-ms", &c.lease.as_millis().to_string()])
             .args([
                 "--command-timeout-ms",
@@ -151,6 +281,28 @@ impl Env<'_> {
         .await
     }
 
+    /// The resources held or waited on right now (their hash, or their line, is in Redis;
+    /// none when Redis does not answer).
+    async fn in_use(&self) -> Vec<u32> {
+        let layout = Layout::of(self.config);
+        let mut in_use = Vec::new();
+        for res in 0..layout.total() {
+            let key = format!("{PREFIX}:{{{}}}", layout.name(res));
+            let args = [
+                "EXISTS",
+                &key,
+                &format!("{key}:queue"),
+                &format!("{key}:waiters"),
+            ];
+            let args = args.iter().map(|a| a.to_string()).collect();
+            let found = self.deployment.key_command(&key, args).await;
+            if found.is_ok_and(|n| n.as_int().unwrap_or(0) > 0) {
+                in_use.push(res);
+            }
+        }
+        in_use
+    }
+
     /// The clients named by the command `command(lock key, kind)` run for every resource:
     /// owner ids and client ids both start with the client's uuid.
     async fn clients_named(
@@ -160,12 +312,9 @@ impl Env<'_> {
         let mut clients = Vec::new();
         let layout = Layout::of(self.config);
         for res in 0..layout.total() {
-            let redis = self.redis.clone();
-            let args = command(
-                format!("{PREFIX}:{{{}}}", layout.name(res)),
-                layout.lock_type(res),
-            );
-            let Ok(names) = blocking(move || strings(redis.command(&args))).await? else {
+            let key = format!("{PREFIX}:{{{}}}", layout.name(res));
+            let args = command(key.clone(), layout.lock_type(res));
+            let Ok(names) = strings(self.deployment.key_command(&key, args).await) else {
                 continue; // Redis paused or restarting: no one to pick
             };
             for name in names {
@@ -181,7 +330,10 @@ impl Env<'_> {
     }
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
+/// Runs a blocking call (the testkit's) off the async workers.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
     Ok(tokio::task::spawn_blocking(f).await?)
 }
 
@@ -189,8 +341,13 @@ async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> 
     if config.redlock > 0 {
         return crate::redlock::run(config, dir).await;
     }
+    let on = if config.cluster {
+        " (Redis Cluster: 3 primaries, a replica each)"
+    } else {
+        ""
+    };
     println!(
-        "leasehold chaos: {} clients x {} tasks on {} locks, {} fair locks ({} % of the ops), \
+        "leasehold chaos{on}: {} clients x {} tasks on {} locks, {} fair locks ({} % of the ops), \
          {} read/write locks ({} %) and {} semaphores of {} permits ({} %) for {:?}, seed {} \
          (history in {})",
         config.clients,
@@ -209,17 +366,21 @@ async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> 
     );
     std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(config)?)?;
     Store::create(&dir.join("store.db"), Layout::of(config).total())?;
-    let redis = Arc::new(blocking(RedisServer::start).await??);
-    let mut proxies = Vec::new();
-    for _ in 0..config.clients {
-        proxies.push(Proxy::start(redis.addr()).await?);
-    }
+    let deployment = if config.cluster {
+        start_cluster(config).await?
+    } else {
+        let redis = Arc::new(blocking(RedisServer::start).await??);
+        let mut proxies = Vec::new();
+        for _ in 0..config.clients {
+            proxies.push(Proxy::start(redis.addr()).await?);
+        }
+        Deployment::Single { redis, proxies }
+    };
     let mut env = Env {
         config,
         dir,
         exe: std::env::current_exe()?,
-        redis,
-        proxies,
+        deployment,
         slots: Vec::new(),
     };
     for client in 0..config.clients {
@@ -239,9 +400,18 @@ async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> 
         }
         if deck.is_empty() {
             // Every kind once per round, in a seeded order: short runs still see each kind.
-            deck = FaultKind::ALL.to_vec();
+            deck = FaultKind::of_run(config.cluster).to_vec();
             for i in (1..deck.len()).rev() {
                 deck.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            if config.cluster && faults.is_empty() {
+                // The faults a cluster run is for come first, whatever the seed: a short run
+                // (`cargo test`'s) still kills a primary and fails one over.
+                for kind in [FaultKind::ClusterFailover, FaultKind::PrimaryKill] {
+                    let at = deck.iter().position(|k| *k == kind);
+                    let item = deck.remove(at.expect("every kind is in the deck"));
+                    deck.push(item);
+                }
             }
             if config.ignore_lease && faults.is_empty() {
                 // The checker's self-test needs a holder paused past its lease (it then writes
@@ -292,38 +462,8 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
     let longest_lease = env.config.lease.max(MAX_EXPLICIT_LEASE);
     let start = now_us();
     let mut target = Some(client);
+    let mut lost = None;
     let detail = match kind {
-        FaultKind::ProxyLatency => {
-            let latency = Duration::from_millis(rng.range(50, 400));
-            let lasts = Duration::from_millis(rng.range(500, 2500));
-            let proxy = &env.proxies[client as usize];
-            proxy.set_latency(latency);
-            sleep(lasts).await;
-            proxy.set_latency(Duration::ZERO);
-            format!("{latency:?} each way for {lasts:?}")
-        }
-        FaultKind::ProxyPartition => {
-            let lasts = Duration::from_millis(rng.range(300, 3000));
-            let proxy = &env.proxies[client as usize];
-            proxy.partition();
-            sleep(lasts).await;
-            // Reset before healing: bytes were dropped, so these connections are out of sync.
-            proxy.close_all();
-            proxy.heal();
-            format!("{lasts:?}")
-        }
-        FaultKind::ProxyCloseAll => {
-            if rng.chance(50) {
-                target = None;
-                for proxy in &env.proxies {
-                    proxy.close_all();
-                }
-                "every client".to_string()
-            } else {
-                env.proxies[client as usize].close_all();
-                "one client".to_string()
-            }
-        }
         FaultKind::ClientPause => {
             let lasts = longest_lease + Duration::from_millis(rng.range(100, 1500));
             let child = env.slots[client as usize].child.clone();
@@ -344,22 +484,6 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
                 (now_us() - killed_at) / 1000
             )
         }
-        FaultKind::RedisRestart => {
-            target = None;
-            let redis = env.redis.clone();
-            blocking(move || redis.restart()).await??;
-            "data lost".to_string()
-        }
-        FaultKind::RedisPause => {
-            target = None;
-            let lasts = Duration::from_millis(rng.range(200, 1500));
-            let redis = env.redis.clone();
-            blocking(move || redis.pause()).await??;
-            sleep(lasts).await;
-            let redis = env.redis.clone();
-            blocking(move || redis.resume()).await??;
-            format!("{lasts:?}")
-        }
         FaultKind::KillPubsubConnections | FaultKind::KillCommandConnections => {
             target = None;
             let kind_arg = if kind == FaultKind::KillPubsubConnections {
@@ -367,10 +491,33 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
             } else {
                 "normal"
             };
-            let redis = env.redis.clone();
-            let killed =
-                blocking(move || redis.command(&["CLIENT", "KILL", "TYPE", kind_arg])).await??;
-            format!("{} connections", killed.as_int().unwrap_or(-1))
+            let mut killed = 0;
+            for (_, node) in env.deployment.all_nodes() {
+                let reply =
+                    blocking(move || node.command(&["CLIENT", "KILL", "TYPE", kind_arg])).await?;
+                killed += reply?.as_int().unwrap_or(-1);
+            }
+            format!("{killed} connections")
+        }
+        _ => {
+            target = None;
+            match &env.deployment {
+                Deployment::Single { redis, proxies } => {
+                    target = Some(client);
+                    single_fault(redis, proxies, kind, client, rng, &mut target).await?
+                }
+                Deployment::Cluster { cluster, slots } => {
+                    let hot = if kind == FaultKind::SlotMigration {
+                        env.in_use().await
+                    } else {
+                        Vec::new()
+                    };
+                    let (detail, lost_here) =
+                        cluster_fault(cluster, slots, env.config, kind, rng, hot).await?;
+                    lost = Some(lost_here);
+                    detail
+                }
+            }
         }
     };
     Ok(Fault {
@@ -380,26 +527,275 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
         start,
         end: now_us(),
         detail,
+        lost,
     })
 }
 
-/// Stops every client cleanly and records what was left in Redis.
-async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
-    let mut cleanup = Cleanup::default();
-    for (client, slot) in env.slots.iter().enumerate() {
-        if !slot.child.is_running() {
-            cleanup.crashed.push(format!(
-                "client {client} gen {} exited during the run: {:?}",
-                slot.gen,
-                slot.child.try_wait()
+/// A fault of the one-server run on Redis or on the proxies (`target`: the client it hit,
+/// `None` when it hit every client).
+async fn single_fault(
+    redis: &Arc<RedisServer>,
+    proxies: &[Proxy],
+    kind: FaultKind,
+    client: u32,
+    rng: &mut Rng,
+    target: &mut Option<u32>,
+) -> anyhow::Result<String> {
+    Ok(match kind {
+        FaultKind::ProxyLatency => {
+            let latency = Duration::from_millis(rng.range(50, 400));
+            let lasts = Duration::from_millis(rng.range(500, 2500));
+            let proxy = &proxies[client as usize];
+            proxy.set_latency(latency);
+            sleep(lasts).await;
+            proxy.set_latency(Duration::ZERO);
+            format!("{latency:?} each way for {lasts:?}")
+        }
+        FaultKind::ProxyPartition => {
+            let lasts = Duration::from_millis(rng.range(300, 3000));
+            let proxy = &proxies[client as usize];
+            proxy.partition();
+            sleep(lasts).await;
+            // Reset before healing: bytes were dropped, so these connections are out of sync.
+            proxy.close_all();
+            proxy.heal();
+            format!("{lasts:?}")
+        }
+        FaultKind::ProxyCloseAll => {
+            if rng.chance(50) {
+                *target = None;
+                for proxy in proxies {
+                    proxy.close_all();
+                }
+                "every client".to_string()
+            } else {
+                proxies[client as usize].close_all();
+                "one client".to_string()
+            }
+        }
+        FaultKind::RedisRestart => {
+            *target = None;
+            let redis = redis.clone();
+            blocking(move || redis.restart()).await??;
+            "data lost".to_string()
+        }
+        FaultKind::RedisPause => {
+            *target = None;
+            let lasts = Duration::from_millis(rng.range(200, 1500));
+            let r = redis.clone();
+            blocking(move || r.pause()).await??;
+            sleep(lasts).await;
+            let r = redis.clone();
+            blocking(move || r.resume()).await??;
+            format!("{lasts:?}")
+        }
+        _ => bail!("{kind:?} is not a fault of the one-server run"),
+    })
+}
+
+/// Starts the cluster and puts the resources' slots on the primaries in turn (before any
+/// client runs, so nothing moves but empty slots): every primary serves some lock names.
+async fn start_cluster(config: &RunConfig) -> anyhow::Result<Deployment> {
+    let layout = Layout::of(config);
+    let keys: Vec<String> = (0..layout.total())
+        .map(|res| format!("{PREFIX}:{{{}}}", layout.name(res)))
+        .collect();
+    let started = Instant::now();
+    let (cluster, slots, placed) = blocking(move || -> anyhow::Result<_> {
+        let cluster = Arc::new(RedisCluster::start()?);
+        let primaries = cluster.primaries()?;
+        let mut slots = Vec::new();
+        let mut placed = Vec::new();
+        for (res, key) in keys.iter().enumerate() {
+            let slot = cluster.key_slot(key)?;
+            let to = primaries[res % primaries.len()];
+            cluster.migrate_slot(slot, to)?;
+            slots.push(slot);
+            placed.push(format!("{} on node {to}", layout.name(res as u32)));
+        }
+        Ok((cluster, slots, placed))
+    })
+    .await??;
+    println!(
+        "cluster formed in {:?} (ports {}); {}",
+        started.elapsed(),
+        cluster
+            .seeds()
+            .iter()
+            .map(|(_, port)| port.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        placed.join(", ")
+    );
+    Ok(Deployment::Cluster { cluster, slots })
+}
+
+/// The resources whose slot primary `node` serves.
+fn resources_on(cluster: &RedisCluster, slots: &[u16], node: usize) -> anyhow::Result<Vec<u32>> {
+    let mut on = Vec::new();
+    for (res, &slot) in slots.iter().enumerate() {
+        if cluster.owner_of_slot(slot)? == node {
+            on.push(res as u32);
+        }
+    }
+    Ok(on)
+}
+
+/// The primaries with a replica to take over from them.
+fn primaries_with_replica(cluster: &RedisCluster) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for p in cluster.primaries()? {
+        if !cluster.replicas_of(p)?.is_empty() {
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        bail!("no primary has a replica");
+    }
+    Ok(out)
+}
+
+/// A fault on the cluster's nodes ([`FaultKind::PrimaryKill`], [`FaultKind::ClusterFailover`],
+/// [`FaultKind::NodePause`], [`FaultKind::SlotMigration`]), healed and the cluster healthy
+/// again when it returns. Returns its detail and the resources whose data it may have lost
+/// (those served by a primary that was killed, or replaced while paused). `hot`: resources in
+/// use, whose slots a migration prefers.
+async fn cluster_fault(
+    cluster: &Arc<RedisCluster>,
+    slots: &[u16],
+    config: &RunConfig,
+    kind: FaultKind,
+    rng: &mut Rng,
+    hot: Vec<u32>,
+) -> anyhow::Result<(String, Vec<u32>)> {
+    let cluster = cluster.clone();
+    let slots = slots.to_vec();
+    let pick = rng.next_u64() as usize;
+    match kind {
+        FaultKind::PrimaryKill => {
+            blocking(move || -> anyhow::Result<_> {
+                let primaries = primaries_with_replica(&cluster)?;
+                let p = primaries[pick % primaries.len()];
+                let lost = resources_on(&cluster, &slots, p)?;
+                let port = cluster.node(p).port();
+                let killed = Instant::now();
+                cluster.kill(p)?;
+                cluster.wait_taken_over(p)?;
+                let taken_over = killed.elapsed();
+                cluster.rejoin(p)?;
+                Ok((
+                    format!(
+                        "node {p} (port {port}) killed, its replica serving after {} ms, the \
+                         node back as a replica after {} ms; resources on it: {lost:?}",
+                        taken_over.as_millis(),
+                        killed.elapsed().as_millis()
+                    ),
+                    lost,
+                ))
+            })
+            .await?
+        }
+        FaultKind::ClusterFailover => {
+            blocking(move || -> anyhow::Result<_> {
+                let primaries = primaries_with_replica(&cluster)?;
+                let p = primaries[pick % primaries.len()];
+                let began = Instant::now();
+                let promoted = cluster.failover(p)?;
+                Ok((
+                    format!(
+                        "node {promoted} took over from node {p} in {} ms",
+                        began.elapsed().as_millis()
+                    ),
+                    Vec::new(), // coordinated: the replica caught up first
+                ))
+            })
+            .await?
+        }
+        FaultKind::NodePause => {
+            // Below the node timeout (2 s), so the cluster does not fail the node over.
+            let lasts = Duration::from_millis(rng.range(200, 1200));
+            blocking(move || -> anyhow::Result<_> {
+                let node = pick % cluster.nodes().len();
+                let primary = cluster.primaries()?.contains(&node);
+                let on = if primary {
+                    resources_on(&cluster, &slots, node)?
+                } else {
+                    Vec::new()
+                };
+                cluster.pause(node)?;
+                std::thread::sleep(lasts);
+                cluster.resume(node)?;
+                cluster.wait_healthy("the cluster after a node pause", Duration::from_secs(20))?;
+                // Should a replica have taken over all the same (a loaded machine), the writes
+                // the paused primary had not sent it are lost: counted as after a primary kill.
+                let replaced = primary && !cluster.primaries()?.contains(&node);
+                let role = if primary { "primary" } else { "replica" };
+                Ok((
+                    format!(
+                        "{role} node {node} for {lasts:?}{}",
+                        if replaced {
+                            " (replaced by its replica meanwhile)"
+                        } else {
+                            ""
+                        }
+                    ),
+                    if replaced { on } else { Vec::new() },
+                ))
+            })
+            .await?
+        }
+        FaultKind::SlotMigration => {
+            // Mostly a slot with a lock in it, held or waited on.
+            let res = if !hot.is_empty() && rng.chance(80) {
+                hot[rng.below(hot.len() as u64) as usize]
+            } else {
+                rng.below(slots.len() as u64) as u32
+            };
+            let dwell = Duration::from_millis(rng.range(100, 800));
+            let name = Layout::of(config).name(res);
+            blocking(move || -> anyhow::Result<_> {
+                let slot = slots[res as usize];
+                let from = cluster.owner_of_slot(slot)?;
+                let others: Vec<usize> = cluster
+                    .primaries()?
+                    .into_iter()
+                    .filter(|&p| p != from)
+                    .collect();
+                let to = others[pick % others.len()];
+                let moved = cluster.migrate_slot_with(slot, to, dwell)?;
+                Ok((
+                    format!(
+                        "slot {slot} ({name}) from node {from} to node {to}, {moved} keys, half \
+                         moved for {dwell:?}"
+                    ),
+                    Vec::new(),
+                ))
+            })
+            .await?
+        }
+        _ => bail!("{kind:?} is not a fault of the cluster run"),
+    }
+}
+
+/// The first half of a stop: SIGTERM to every client still running (those that are not are
+/// recorded in `crashed`), then each one's `DRAINED`.
+pub(crate) async fn drain_clients(
+    children: &[(Arc<ChildProcess>, u32)],
+    crashed: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for (client, (child, gen)) in children.iter().enumerate() {
+        if !child.is_running() {
+            crashed.push(format!(
+                "client {client} gen {gen} exited during the run: {:?}",
+                child.try_wait()
             ));
             continue;
         }
-        kill(Pid::from_raw(slot.child.pid() as i32), Signal::SIGTERM)?;
+        kill(Pid::from_raw(child.pid() as i32), Signal::SIGTERM)?;
     }
     let mut readers = Vec::new();
-    for slot in &env.slots {
-        let child = slot.child.clone();
+    for (child, _) in children {
+        let child = child.clone();
         readers.push(tokio::task::spawn_blocking(move || {
             child.wait_for_line(
                 |l| l.starts_with("DRAINED"),
@@ -409,47 +805,69 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
     }
     for (client, reader) in readers.into_iter().enumerate() {
         if let Err(error) = reader.await? {
-            cleanup
-                .crashed
-                .push(format!("client {client} did not drain: {error}"));
+            crashed.push(format!("client {client} did not drain: {error}"));
         }
     }
+    Ok(())
+}
+
+/// The second half: SIGUSR1 to every drained client, and its exit status.
+pub(crate) async fn exit_clients(
+    children: &[(Arc<ChildProcess>, u32)],
+    crashed: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for (client, (child, gen)) in children.iter().enumerate() {
+        if child.is_running() {
+            kill(Pid::from_raw(child.pid() as i32), Signal::SIGUSR1)?;
+        }
+        let child = child.clone();
+        let status = blocking(move || child.wait_timeout(Duration::from_secs(20))).await?;
+        match status {
+            Ok(status) if status.success() => {}
+            Ok(status) => crashed.push(format!("client {client} gen {gen} exited with {status}")),
+            Err(error) => crashed.push(format!("client {client} gen {gen} did not exit: {error}")),
+        }
+    }
+    Ok(())
+}
+
+/// Stops every client cleanly and records what was left in Redis (on every node of a
+/// cluster: channels on any node, keys on the primaries).
+async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
+    let mut cleanup = Cleanup::default();
+    let children: Vec<(Arc<ChildProcess>, u32)> = env
+        .slots
+        .iter()
+        .map(|slot| (slot.child.clone(), slot.gen))
+        .collect();
+    drain_clients(&children, &mut cleanup.crashed).await?;
 
     // Every client is idle and still connected: no release channel may stay subscribed.
     // (Unsubscribing runs in the background, hence a deadline rather than one look.)
-    let redis = env.redis.clone();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let redis = redis.clone();
-        let channels = blocking(move || {
-            strings(redis.command(&["PUBSUB", "CHANNELS", &format!("{PREFIX}:*")]))
-        })
-        .await??;
-        if channels.is_empty() || Instant::now() >= deadline {
-            cleanup.channels_left = channels;
+        let mut left = Vec::new();
+        for (label, node) in env.deployment.all_nodes() {
+            let channels = blocking(move || -> anyhow::Result<_> {
+                let pattern = format!("{PREFIX}:*");
+                let mut channels = strings(node.command(&["PUBSUB", "CHANNELS", &pattern]))?;
+                // Sharded channels (`SSUBSCRIBE`, Redis 7), on the node serving their slot.
+                if let Ok(sharded) = strings(node.command(&["PUBSUB", "SHARDCHANNELS", &pattern])) {
+                    channels.extend(sharded);
+                }
+                Ok(channels)
+            })
+            .await??;
+            left.extend(channels.into_iter().map(|c| format!("{label}{c}")));
+        }
+        if left.is_empty() || Instant::now() >= deadline {
+            cleanup.channels_left = left;
             break;
         }
         sleep(Duration::from_millis(20)).await;
     }
 
-    for (client, slot) in env.slots.iter().enumerate() {
-        if slot.child.is_running() {
-            kill(Pid::from_raw(slot.child.pid() as i32), Signal::SIGUSR1)?;
-        }
-        let child = slot.child.clone();
-        let status = blocking(move || child.wait_timeout(Duration::from_secs(20))).await?;
-        match status {
-            Ok(status) if status.success() => {}
-            Ok(status) => cleanup.crashed.push(format!(
-                "client {client} gen {} exited with {status}",
-                slot.gen
-            )),
-            Err(error) => cleanup.crashed.push(format!(
-                "client {client} gen {} did not exit: {error}",
-                slot.gen
-            )),
-        }
-    }
+    exit_clients(&children, &mut cleanup.crashed).await?;
 
     // Keys: lock hashes end with their lease, turn reservations with the 25 ms grace, turn
     // queues with max(lease) + 10 s after the last waiter joined. The fencing counter stays by
@@ -466,49 +884,62 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
     };
     let exited = Instant::now();
     let deadline = exited + env.config.lease.max(MAX_EXPLICIT_LEASE) + Duration::from_secs(15);
+    let nodes = env.deployment.data_nodes().await?;
     let mut first = true;
     loop {
-        let redis = env.redis.clone();
-        let keys = blocking(move || scan(&redis, &format!("{PREFIX}:*"))).await??;
-        let (fences, others): (Vec<String>, Vec<String>) =
-            keys.into_iter().partition(|k| is_fence_counter(k));
-        let (kept, others): (Vec<String>, Vec<String>) =
-            others.into_iter().partition(|k| semaphore_key(k));
+        let mut others = Vec::new();
+        let mut fences = 0;
+        for (label, node) in &nodes {
+            let n = node.clone();
+            let keys = blocking(move || scan(&*n, &format!("{PREFIX}:*"))).await??;
+            for key in keys {
+                if is_fence_counter(&key) {
+                    fences += 1;
+                } else if semaphore_key(&key) {
+                    if first {
+                        cleanup.semaphore_keys.push(format!("{label}{key}"));
+                    }
+                } else {
+                    others.push((label.clone(), node.clone(), key));
+                }
+            }
+        }
         if first {
             first = false;
-            cleanup.fence_keys = fences.len();
-            cleanup.semaphore_keys = kept;
-            cleanup.keys_at_exit = others.clone();
-            for key in &others {
-                let redis = env.redis.clone();
-                let k = key.clone();
-                let ttl = blocking(move || redis.command(&["PTTL", &k])).await??;
+            cleanup.fence_keys = fences;
+            for (label, node, key) in &others {
+                cleanup.keys_at_exit.push(format!("{label}{key}"));
+                let (node, k) = (node.clone(), key.clone());
+                let ttl = blocking(move || node.command(&["PTTL", &k])).await??;
                 if ttl.as_int() == Some(-1) {
-                    cleanup.keys_without_ttl.push(key.clone());
+                    cleanup.keys_without_ttl.push(format!("{label}{key}"));
                 }
             }
         }
         if others.is_empty() || Instant::now() >= deadline {
-            cleanup.keys_left = others;
+            cleanup.keys_left = others
+                .into_iter()
+                .map(|(label, _, key)| format!("{label}{key}"))
+                .collect();
             break;
         }
         sleep(Duration::from_millis(50)).await;
     }
     cleanup.expiry_wait_ms = exited.elapsed().as_millis() as u64;
     for hash in semaphores {
-        let redis = env.redis.clone();
+        let node = env.deployment.node_of(&hash).await?;
         cleanup
             .semaphores
-            .push(blocking(move || semaphore_left(&redis, &hash)).await??);
+            .push(blocking(move || semaphore_left(&*node, &hash)).await??);
     }
     Ok(cleanup)
 }
 
 /// Semaphore `hash` as Redis has it: its number, its count of permits taken, and each
 /// acquisition still listed with how long its lease still runs.
-fn semaphore_left(redis: &RedisServer, hash: &str) -> anyhow::Result<SemaphoreLeft> {
+fn semaphore_left(redis: &dyn Node, hash: &str) -> anyhow::Result<SemaphoreLeft> {
     let pairs = |reply: RespValue| -> anyhow::Result<Vec<(String, String)>> {
-        let items = strings(Ok(reply))?;
+        let items = strings(Ok::<_, anyhow::Error>(reply))?;
         Ok(items
             .chunks(2)
             .filter_map(|pair| Some((pair.first()?.clone(), pair.get(1)?.clone())))
@@ -556,8 +987,11 @@ fn semaphore_left(redis: &RedisServer, hash: &str) -> anyhow::Result<SemaphoreLe
     })
 }
 
-fn strings(reply: leasehold_testkit::Result<RespValue>) -> anyhow::Result<Vec<String>> {
-    let reply = reply?;
+/// The strings of an array reply.
+pub(crate) fn strings<E: Into<anyhow::Error>>(
+    reply: Result<RespValue, E>,
+) -> anyhow::Result<Vec<String>> {
+    let reply = reply.map_err(Into::into)?;
     let Some(items) = reply.as_array() else {
         bail!("expected an array, got {reply:?}");
     };
@@ -566,21 +1000,22 @@ fn strings(reply: leasehold_testkit::Result<RespValue>) -> anyhow::Result<Vec<St
 
 /// Whether `key` is a slot's fencing counter, `P:{<digits>}:fence` (the layout of
 /// `leasehold::LockKeys::fence`).
-fn is_fence_counter(key: &str) -> bool {
+pub(crate) fn is_fence_counter(key: &str) -> bool {
     key.strip_prefix(PREFIX)
         .and_then(|rest| rest.strip_prefix(":{"))
         .and_then(|rest| rest.strip_suffix("}:fence"))
         .is_some_and(|tag| !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_digit()))
 }
 
-fn scan(redis: &RedisServer, pattern: &str) -> anyhow::Result<Vec<String>> {
+/// Every key of `redis` matching `pattern`, sorted.
+pub(crate) fn scan(redis: &dyn Node, pattern: &str) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     let mut cursor = "0".to_string();
     loop {
         let reply = redis.command(&["SCAN", &cursor, "MATCH", pattern, "COUNT", "1000"])?;
         let parts = reply.as_array().context("SCAN reply")?;
         cursor = parts[0].as_str().context("SCAN cursor")?;
-        out.extend(strings(Ok(parts[1].clone()))?);
+        out.extend(strings(Ok::<_, anyhow::Error>(parts[1].clone()))?);
         if cursor == "0" {
             break;
         }

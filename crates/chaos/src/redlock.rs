@@ -23,20 +23,19 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use leasehold_testkit::{ChildProcess, Proxy, RedisServer, RespValue};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use anyhow::Context;
+use leasehold_testkit::{ChildProcess, Proxy, RedisServer};
 use serde::{Deserialize, Serialize};
 use tokio::time::{sleep, Instant};
 
 use crate::checker;
 use crate::clock::now_us;
 use crate::history::{Kind, ReleaseHow};
+use crate::orchestrator::{blocking, drain_clients, exit_clients, is_fence_counter, scan, strings};
 use crate::rng::Rng;
 use crate::run::RunConfig;
 use crate::store::Store;
-use crate::worker::{DRAIN_DEADLINE, MAX_EXPLICIT_LEASE};
+use crate::worker::MAX_EXPLICIT_LEASE;
 
 /// Key prefix of a RedLock run, on every server.
 pub const PREFIX: &str = "chaos";
@@ -278,10 +277,6 @@ pub struct QCleanup {
     /// renewals. A restart resets a server's count, so the sum is a lower bound.
     #[serde(default)]
     pub server_script_calls: Vec<u64>,
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> anyhow::Result<T> {
-    Ok(tokio::task::spawn_blocking(f).await?)
 }
 
 struct Slot {
@@ -690,34 +685,12 @@ async fn inject(env: &mut Env<'_>, kind: QFaultKind, rng: &mut Rng) -> anyhow::R
 /// Stops every client cleanly and records what was left on each server.
 async fn stop(env: &Env<'_>) -> anyhow::Result<QCleanup> {
     let mut cleanup = QCleanup::default();
-    for (client, slot) in env.slots.iter().enumerate() {
-        if !slot.child.is_running() {
-            cleanup.crashed.push(format!(
-                "client {client} gen {} exited during the run: {:?}",
-                slot.gen,
-                slot.child.try_wait()
-            ));
-            continue;
-        }
-        kill(Pid::from_raw(slot.child.pid() as i32), Signal::SIGTERM)?;
-    }
-    let mut readers = Vec::new();
-    for slot in &env.slots {
-        let child = slot.child.clone();
-        readers.push(tokio::task::spawn_blocking(move || {
-            child.wait_for_line(
-                |l| l.starts_with("DRAINED"),
-                DRAIN_DEADLINE + Duration::from_secs(20),
-            )
-        }));
-    }
-    for (client, reader) in readers.into_iter().enumerate() {
-        if let Err(error) = reader.await? {
-            cleanup
-                .crashed
-                .push(format!("client {client} did not drain: {error}"));
-        }
-    }
+    let children: Vec<(Arc<ChildProcess>, u32)> = env
+        .slots
+        .iter()
+        .map(|slot| (slot.child.clone(), slot.gen))
+        .collect();
+    drain_clients(&children, &mut cleanup.crashed).await?;
 
     // Every client idle and still connected: no release channel may stay subscribed.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -738,24 +711,7 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<QCleanup> {
         sleep(Duration::from_millis(20)).await;
     }
 
-    for (client, slot) in env.slots.iter().enumerate() {
-        if slot.child.is_running() {
-            kill(Pid::from_raw(slot.child.pid() as i32), Signal::SIGUSR1)?;
-        }
-        let child = slot.child.clone();
-        let status = blocking(move || child.wait_timeout(Duration::from_secs(20))).await?;
-        match status {
-            Ok(status) if status.success() => {}
-            Ok(status) => cleanup.crashed.push(format!(
-                "client {client} gen {} exited with {status}",
-                slot.gen
-            )),
-            Err(error) => cleanup.crashed.push(format!(
-                "client {client} gen {} did not exit: {error}",
-                slot.gen
-            )),
-        }
-    }
+    exit_clients(&children, &mut cleanup.crashed).await?;
 
     // Every member ends with its lease (or its release); the fencing counters stay by design.
     let exited = Instant::now();
@@ -766,7 +722,7 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<QCleanup> {
         let mut fences = 0;
         for (i, server) in env.servers.iter().enumerate() {
             let redis = server.clone();
-            let keys = blocking(move || scan(&redis, &format!("{PREFIX}:*"))).await??;
+            let keys = blocking(move || scan(&*redis, &format!("{PREFIX}:*"))).await??;
             for key in keys {
                 if is_fence_counter(&key) {
                     fences += 1;
@@ -805,36 +761,4 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<QCleanup> {
             .push(blocking(move || redis.command_calls("evalsha")).await??);
     }
     Ok(cleanup)
-}
-
-fn strings(reply: leasehold_testkit::Result<RespValue>) -> anyhow::Result<Vec<String>> {
-    let reply = reply?;
-    let Some(items) = reply.as_array() else {
-        bail!("expected an array, got {reply:?}");
-    };
-    Ok(items.iter().filter_map(|v| v.as_str()).collect())
-}
-
-/// `P:{<digits>}:fence`, a slot's fencing counter (`leasehold::LockKeys::fence`).
-fn is_fence_counter(key: &str) -> bool {
-    key.strip_prefix(PREFIX)
-        .and_then(|rest| rest.strip_prefix(":{"))
-        .and_then(|rest| rest.strip_suffix("}:fence"))
-        .is_some_and(|tag| !tag.is_empty() && tag.bytes().all(|b| b.is_ascii_digit()))
-}
-
-fn scan(redis: &RedisServer, pattern: &str) -> anyhow::Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut cursor = "0".to_string();
-    loop {
-        let reply = redis.command(&["SCAN", &cursor, "MATCH", pattern, "COUNT", "1000"])?;
-        let parts = reply.as_array().context("SCAN reply")?;
-        cursor = parts[0].as_str().context("SCAN cursor")?;
-        out.extend(strings(Ok(parts[1].clone()))?);
-        if cursor == "0" {
-            break;
-        }
-    }
-    out.sort();
-    Ok(out)
 }

@@ -54,6 +54,11 @@ pub struct RunConfig {
     /// [`leasehold::RedLock`] quorum lock over them (`redlock.rs`); 0: the one-server run.
     #[serde(default)]
     pub redlock: u32,
+    /// Cluster mode (`--cluster`): a Redis Cluster of 3 primaries with a replica each, the
+    /// clients connected to it as a cluster (no proxies), faults on its nodes
+    /// (`orchestrator.rs`).
+    #[serde(default)]
+    pub cluster: bool,
     /// Report orphaned re-entries without failing the run (for investigating that class of
     /// bug, see `checker::orphan_check`; no test sets it).
     #[serde(default)]

@@ -86,6 +86,8 @@ pub struct WorkerConfig {
     pub ignore_lease: bool,
     /// Half the fair waiters cut in at the head of the line (the checker's self-test).
     pub cut_in_line: bool,
+    /// Cluster mode: the nodes to discover the cluster from (`url` is then unused).
+    pub cluster_seeds: Option<Vec<(String, u16)>>,
 }
 
 impl WorkerConfig {
@@ -166,7 +168,15 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
         tasks: config.tasks,
         client_id,
     });
-    let observer = Observer::start(config.redis_addr)?;
+    let observer = match &config.cluster_seeds {
+        Some(seeds) => Observer::start(
+            seeds
+                .iter()
+                .map(|(host, port)| format!("{host}:{port}").parse())
+                .collect::<Result<_, _>>()?,
+        )?,
+        None => Observer::start(vec![config.redis_addr])?,
+    };
     let ctx = Arc::new(Ctx {
         observer,
         store_path: config.dir.join("store.db"),
@@ -248,11 +258,19 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects, retrying while a fault keeps Redis unreachable (fred fails fast at connect).
+/// Connects (to the one server through the client's proxy, or as a cluster client from the
+/// seeds), retrying while a fault keeps Redis unreachable (fred fails fast at connect).
 async fn connect(config: &WorkerConfig) -> anyhow::Result<LockClient> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let built = LockClient::builder(&config.url)
+        let builder = match &config.cluster_seeds {
+            Some(seeds) => LockClient::builder_from_config(fred::types::config::Config {
+                server: fred::types::config::ServerConfig::new_clustered(seeds.clone()),
+                ..Default::default()
+            }),
+            None => LockClient::builder(&config.url),
+        };
+        let built = builder
             .prefix(config.prefix.clone())
             .lease(config.lease)
             .command_timeout(config.command_timeout)

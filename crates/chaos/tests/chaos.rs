@@ -210,3 +210,69 @@ fn redlock_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
         started.elapsed()
     );
 }
+
+/// Cluster mode (issue 16): a Redis Cluster of 3 primaries with a replica each, the clients
+/// connected as cluster clients, locks of every kind on all three primaries; a primary killed (its replica
+/// promoted, the node back as a replica), `CLUSTER FAILOVER`, nodes paused, slots migrated
+/// under held and waited-on locks, clients paused and killed. First the self-test: clients
+/// that ignore `is_held()` must be caught (overlaps that no failover excuses). Then 18
+/// seconds with honest clients: no violation, and the primary kill and the failover (which
+/// every cluster run injects first) both happened. One after the other (about 45 s).
+#[test]
+fn cluster_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
+    let started = Instant::now();
+    let (output, stdout) = chaos(&[
+        "--cluster",
+        "--duration",
+        "8s",
+        "--clients",
+        "3",
+        "--seed",
+        "3",
+        "--ignore-lease",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("result: FAIL"), "{stdout}");
+    assert!(
+        row(
+            &stdout,
+            "exclusion: overlapping holds, both holders believed valid"
+        ) > 0,
+        "{stdout}"
+    );
+
+    let (output, stdout) = chaos(&[
+        "--cluster",
+        "--duration",
+        "18s",
+        "--clients",
+        "3",
+        "--seed",
+        "16",
+    ]);
+    assert!(
+        output.status.success(),
+        "the cluster chaos run found violations or failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("result: PASS"), "{stdout}");
+    assert!(row(&stdout, "total ") > 50, "calls");
+    // Every kind, the fair lock's line read on the node serving it.
+    assert!(row(&stdout, "fair-lock ops:") > 10, "fair calls");
+    assert!(row(&stdout, "rw-lock ops:") > 10, "read/write calls");
+    assert!(row(&stdout, "semaphore ops:") > 10, "semaphore calls");
+    assert!(
+        row(&stdout, "primary SIGKILL, failover, rejoin") >= 1,
+        "{stdout}"
+    );
+    assert!(
+        row(&stdout, "CLUSTER FAILOVER (coordinated)") >= 1,
+        "{stdout}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(150),
+        "{:?}",
+        started.elapsed()
+    );
+}

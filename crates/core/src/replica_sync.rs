@@ -6,7 +6,7 @@
 //! makes the client wait until `n` replicas have acknowledged every write of its connection
 //! (`WAITAOF` also waits for the append-only file). The grant is reported only then; a grant
 //! that did not reach the replicas in time is rolled back and reported as
-//! [`LockError::NotReplicated`](crate::LockError::NotReplicated).
+//! [`LockError::NotReplicated`].
 //!
 //! It narrows the window, it does not close it: a replica that acknowledged may still not be
 //! the one promoted, and `WAIT` does not make Redis a consensus system (see

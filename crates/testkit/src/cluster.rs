@@ -137,7 +137,9 @@ pub fn parse_cluster_nodes(text: &str) -> Result<Vec<ClusterNodeInfo>> {
 ///   change ([`failover`](Self::failover)), so [`primaries`](Self::primaries) and
 ///   [`replicas`](Self::replicas) ask the nodes each time.
 /// * Fault controls per node: [`kill`](Self::kill), [`pause`](Self::pause),
-///   [`resume`](Self::resume) (the [`RedisServer`] controls of [`node`](Self::node)).
+///   [`resume`](Self::resume) (the [`RedisServer`] controls of [`node`](Self::node)); after
+///   a primary's kill, [`wait_taken_over`](Self::wait_taken_over) waits for its replica's
+///   promotion and [`rejoin`](Self::rejoin) starts it again as a replica.
 /// * [`failover`](Self::failover) promotes a primary's replica (`CLUSTER FAILOVER`);
 ///   [`migrate_slot`](Self::migrate_slot) moves one slot and its keys to another primary while
 ///   clients keep running (they see `ASK`, then `MOVED`).
@@ -370,6 +372,71 @@ impl RedisCluster {
     /// SIGCONTs node `index` ([`RedisServer::resume`]).
     pub fn resume(&self, index: usize) -> Result<()> {
         self.nodes[index].resume()
+    }
+
+    /// Starts node `index` again after a [`kill`](Self::kill), on its port and in its
+    /// directory ([`RedisServer::restart`]): it keeps its node id and its view of the cluster
+    /// (`nodes.conf`), and its data is lost. Once a replica has taken over its slots (see
+    /// [`wait_taken_over`](Self::wait_taken_over)), the cluster's newer configuration makes it
+    /// a replica of that new primary, which it then syncs from. Waits until it says
+    /// `role:slave` and the cluster is healthy ([`wait_healthy`](Self::wait_healthy)).
+    ///
+    /// Restarting a killed primary *before* a replica took over brings it back as the primary
+    /// of its slots with none of its data: call [`wait_taken_over`](Self::wait_taken_over)
+    /// first.
+    pub fn rejoin(&self, index: usize) -> Result<()> {
+        self.nodes[index].restart()?;
+        let port = self.nodes[index].port();
+        self.wait_until(
+            &format!("node {port} to rejoin as a replica"),
+            SETTLE_TIMEOUT,
+            || {
+                Ok(if role_of(&self.nodes[index])? == "slave" {
+                    Ok(())
+                } else {
+                    Err(format!("node {port} does not say role:slave yet"))
+                })
+            },
+        )?;
+        self.wait_healthy(
+            &format!("the cluster after node {port} rejoined"),
+            SETTLE_TIMEOUT,
+        )
+    }
+
+    /// After primary `killed` was [`kill`](Self::kill)ed (or paused): waits until another
+    /// node serves every slot it served, as every reachable node sees it, and the reachable
+    /// part of the cluster is healthy. Takes the node timeout (2 s) plus an election.
+    pub fn wait_taken_over(&self, killed: usize) -> Result<()> {
+        let killed_id = self.ids[killed].clone();
+        self.wait_until(
+            &format!(
+                "a replica to take over from node {}",
+                self.nodes[killed].port()
+            ),
+            SETTLE_TIMEOUT,
+            || {
+                for (i, node) in self.nodes.iter().enumerate() {
+                    if i == killed || !self.reachable(i) {
+                        continue;
+                    }
+                    let view = self.view(node)?;
+                    if let Some(n) = view
+                        .iter()
+                        .find(|n| n.id == killed_id && n.is_primary() && !n.slots.is_empty())
+                    {
+                        return Ok(Err(format!(
+                            "node {} still sees {} serving {:?}",
+                            node.port(),
+                            n.port,
+                            n.slots.first()
+                        )));
+                    }
+                }
+                Ok(Ok(()))
+            },
+        )?;
+        self.wait_healthy("the cluster after the takeover", SETTLE_TIMEOUT)
     }
 
     /// Fails over primary `primary`: `CLUSTER FAILOVER` (a coordinated, lossless failover: the
