@@ -823,3 +823,70 @@ async fn sharded_release_messages_follow_a_moved_slot() {
     }
     assert!(spublish >= 1, "the releases used SPUBLISH");
 }
+
+/// A release with a waiter queued while the lock's slot is migrating (its keys still at the
+/// source): the release script runs whole. It reserves the lock for the waiter's turn.
+///
+/// Failed before (found by the chaos checker's cluster mode): the script deleted the lock's key
+/// and wrote the turn into it again; in a migrating slot Redis stopped it half-way ("ERR Script
+/// attempted to access a non local key in a cluster node"), the release reported as a
+/// permanent `LockError::Redis`, the waiter's turn never reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-release";
+    let lock = a.lock(name).unwrap();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let waiter = {
+        let lock = b.lock(name).unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let queue = lock.keys().queue().to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || cluster
+            .node(from)
+            .command(&["EXISTS", &queue])
+            .unwrap()
+            .as_int()
+            == Some(1))
+        .await,
+        "the waiter queued its client"
+    );
+    // MIGRATING / IMPORTING, no key moved yet: every key of the release is local.
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let released = guard.unlock().await;
+    let hash = lock.keys().hash().to_string();
+    let fields = cluster.node(from).command(&["HKEYS", &hash]).map_or_else(
+        |e| e.to_string(),
+        |v| {
+            let names: Vec<String> = v
+                .as_array()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|f| f.as_str())
+                .collect();
+            names.join(",")
+        },
+    );
+    eprintln!("release during the migration: {released:?}; the lock's fields now {fields:?}");
+    released.expect("the release ran whole");
+    assert!(
+        fields.contains("~turn"),
+        "the lock is reserved for the waiter's turn: {fields:?}"
+    );
+    migration.finish().unwrap();
+    let handed = within(Duration::from_secs(20), "the hand-over", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter gets the lock");
+    handed.unlock().await.unwrap();
+}

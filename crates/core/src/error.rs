@@ -203,6 +203,10 @@ pub(crate) fn classify(error: &FredError) -> Class {
         "ERR" if details.contains("NOPERM") || details.contains("user executing the script") => {
             Class::PermissionDenied
         }
+        // A script stopped half-way because its slot started migrating under it (a key it
+        // deleted, or one that moved, is no longer local): what ran stays. The outcome is
+        // unknown, as after a lost reply: the caller settles it and may try again.
+        "ERR" if details.contains("non local key") => Class::Connection,
         _ => Class::Other,
     }
 }
@@ -322,6 +326,12 @@ mod tests {
                 "TRYAGAIN Multiple keys request during rehashing of slot"
             )),
             Class::NotRun
+        );
+        assert_eq!(
+            classify(&reply(
+                "ERR Script attempted to access a non local key in a cluster node script: x"
+            )),
+            Class::Connection
         );
         assert_eq!(
             classify(&FredError::new(ErrorKind::Routing, REDIRECTED)),

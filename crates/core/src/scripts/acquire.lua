@@ -112,10 +112,19 @@ if fresh then
     end
   end
   if pttl ~= -2 then
-    -- A reservation taken over, or an orphan replaced.
-    redis.call('DEL', KEYS[1])
+    -- A reservation taken over, or an orphan replaced: its fields go but the key stays, for
+    -- a slot that migrates (Redis Cluster) stops a script that deletes a key and writes it
+    -- again ("non local key").
+    local old = redis.call('HKEYS', KEYS[1])
+    redis.call('HSET', KEYS[1], ARGV[1], '1', '@FENCE@', fence)
+    for i = 1, #old do
+      if old[i] ~= ARGV[1] and old[i] ~= '@FENCE@' then
+        redis.call('HDEL', KEYS[1], old[i])
+      end
+    end
+  else
+    redis.call('HSET', KEYS[1], ARGV[1], '1', '@FENCE@', fence)
   end
-  redis.call('HSET', KEYS[1], ARGV[1], '1', '@FENCE@', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return fence
 end

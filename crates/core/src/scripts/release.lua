@@ -38,9 +38,14 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
   head = type(popped) == 'table' and not popped.err and popped[1] or nil
 end
 redis.call('@PUBLISH@', ARGV[2], head or '@FREE@')
-redis.call('DEL', KEYS[1])
 if head then
+  -- The reservation replaces the hash's fields without deleting the key: while the slot
+  -- migrates (Redis Cluster), a script that deletes a key and then writes it again is stopped
+  -- half-way ("non local key"), the turn never set.
   redis.call('HSET', KEYS[1], '@TURN@' .. head, '0')
+  redis.call('HDEL', KEYS[1], ARGV[1], '@FENCE@', '@EXPIRING@')
   redis.call('PEXPIRE', KEYS[1], '@GRACE_MS@')
+else
+  redis.call('DEL', KEYS[1])
 end
 return 0
