@@ -21,7 +21,9 @@ setup:
 
 # Play the seeds' scenarios (starts its own redis-server unless REDIS_URL is set).
 # `just demo --cluster`: on a local Redis Cluster (3 primaries, a replica each) it starts itself,
-# the pods connecting with a redis-cluster:// URL; `just demo --sentinel`: behind Sentinels.
+# the pods connecting with a redis-cluster:// URL; `just demo --sentinel`: behind Sentinels;
+# `just demo --failover`: a lock through a failover of a primary of its own, without and with
+# replica sync.
 demo *ARGS: setup
     cargo run --quiet --release -p leasehold-cli -- demo {{ARGS}}
 

@@ -100,7 +100,8 @@ pub enum Command {
     },
     /// Play three scenarios with real OS processes as pods: inventory (oversell, lock,
     /// fencing), a daily report that must run once, and a long job kept alive by the watchdog.
-    /// Uses SQLite, or PostgreSQL when DATABASE_URL is set.
+    /// Uses SQLite, or PostgreSQL when DATABASE_URL is set. `--failover`: a lock through a
+    /// failover of a primary and replica of its own, without and with replica sync.
     Demo(DemoArgs),
     /// One pod of the demo (run by `leasehold demo`, not by hand).
     #[command(hide = true)]
@@ -118,6 +119,11 @@ pub struct DemoArgs {
     /// connect with a redis-sentinel:// URL.
     #[arg(long)]
     pub sentinel: bool,
+    /// Play a failover instead of the three scenarios: a primary and a replica of its own, the
+    /// primary killed and the replica promoted; the lock is granted twice without replica sync,
+    /// kept with `ReplicaSync::Replicas` (refused with --url, REDIS_URL, --cluster, --sentinel).
+    #[arg(long)]
+    pub failover: bool,
 }
 
 /// Arguments of a demo pod process.

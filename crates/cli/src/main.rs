@@ -9,7 +9,8 @@
 //! * `unlock --force NAME` releases a lock whoever holds it (and refuses a semaphore or a
 //!   latch);
 //! * `demo` plays the three scenarios of the seeds with real OS processes as pods (on its own
-//!   redis-server, or with `--cluster` a Redis Cluster, or with `--sentinel` a Sentinel set).
+//!   redis-server, or with `--cluster` a Redis Cluster, or with `--sentinel` a Sentinel set);
+//!   `demo --failover` plays a lock through a failover, without and with replica sync.
 //!
 //! Exit codes: 0 success, 1 failure (one line on stderr), 2 bad usage (clap's message).
 //! Errors are reported, never panicked: an operator running this against production Redis

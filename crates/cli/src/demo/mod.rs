@@ -6,6 +6,8 @@
 //! primaries with a replica each) and `--sentinel` a primary with two replicas under three
 //! Sentinels; the pods then connect with a `redis-cluster://` or `redis-sentinel://` URL, as
 //! any user of the library would, and the demo says which node serves each scenario's lock.
+//! `--failover` plays another story on a primary and a replica of its own ([`failover`]): a
+//! lock through a failover, granted twice without replica sync, kept with it.
 //! It tells what happened, checks each outcome, and exits non-zero if any scenario did not
 //! behave as it should.
 //!
@@ -14,6 +16,7 @@
 //! and a PostgreSQL table (when `DATABASE_URL` is set) is unique to the run and dropped.
 
 mod events;
+mod failover;
 mod inventory;
 mod long_job;
 pub mod pod;
@@ -168,6 +171,23 @@ pub fn run(url: Option<&str>, args: DemoArgs) -> anyhow::Result<bool> {
             redact(url)
         );
     }
+    if args.failover {
+        if args.cluster || args.sentinel {
+            bail!(
+                "--failover plays on a primary and a replica of its own (it kills the primary) \
+                 and cannot be combined with --{}: drop one of the flags",
+                if args.cluster { "cluster" } else { "sentinel" }
+            );
+        }
+        if let Some(url) = url {
+            bail!(
+                "--failover starts its own primary and replica (it kills the primary) and does \
+                 not use --url or REDIS_URL (set to {}): unset it to play the failover",
+                redact(url)
+            );
+        }
+        return failover::run(began);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -239,24 +259,7 @@ pub fn run(url: Option<&str>, args: DemoArgs) -> anyhow::Result<bool> {
     // Connect once up front: a wrong URL is reported before any pod starts.
     let client = runtime.block_on(connect(&url, &prefix))?;
 
-    let _dir;
-    let spec = match std::env::var("DATABASE_URL") {
-        Ok(db) if !db.trim().is_empty() => StoreSpec::Postgres {
-            url: db,
-            table: format!("leasehold_demo_{run_id}"),
-        },
-        _ => {
-            let dir = tempfile::Builder::new()
-                .prefix("leasehold-demo-")
-                .tempdir()
-                .context("cannot create a temp dir for the SQLite file")?;
-            let path = store::sqlite_path(dir.path());
-            _dir = dir;
-            StoreSpec::Sqlite(path)
-        }
-    };
-    let store = runtime.block_on(Store::open(&spec))?;
-    runtime.block_on(store.create())?;
+    let (spec, store, _dir) = runtime.block_on(open_store(&run_id))?;
     say(&format!("store: {}", spec.describe()));
 
     let ctx = Ctx {
@@ -308,6 +311,30 @@ pub fn run(url: Option<&str>, args: DemoArgs) -> anyhow::Result<bool> {
         );
         Ok(false)
     }
+}
+
+/// The inventory, created: in PostgreSQL (a table unique to the run) when `DATABASE_URL` is
+/// set, else in a SQLite file in a temp dir, returned to be kept until the end.
+async fn open_store(run_id: &str) -> anyhow::Result<(StoreSpec, Store, Option<tempfile::TempDir>)> {
+    let (spec, dir) = match std::env::var("DATABASE_URL") {
+        Ok(db) if !db.trim().is_empty() => (
+            StoreSpec::Postgres {
+                url: db,
+                table: format!("leasehold_demo_{run_id}"),
+            },
+            None,
+        ),
+        _ => {
+            let dir = tempfile::Builder::new()
+                .prefix("leasehold-demo-")
+                .tempdir()
+                .context("cannot create a temp dir for the SQLite file")?;
+            (StoreSpec::Sqlite(store::sqlite_path(dir.path())), Some(dir))
+        }
+    };
+    let store = Store::open(&spec).await?;
+    store.create().await?;
+    Ok((spec, store, dir))
 }
 
 /// Prints one line of the account, indented under the scenario's title.
