@@ -457,6 +457,8 @@ impl Report {
 
 pub const FENCE_NON_INCREASING: &str = "fence: accepted writes with a non-increasing token";
 pub const FENCE_UNKNOWN_TOKEN: &str = "fence: accepted writes whose token no grant handed out";
+pub const UNEXPLAINED_ERRORS: &str =
+    "errors: no acquire or release failed with an error no fault explains (a Redis error reply, WRONGTYPE, a refused argument or permission)";
 pub const FENCE_REUSED: &str = "fence: one token handed to two grants";
 pub const FENCE_ORDER: &str = "fence: token not above an earlier grant's (real-time order)";
 pub const FENCE_RESTART: &str = "fence: tokens that went backwards across a Redis restart";
@@ -854,6 +856,32 @@ fn operations(
     report
         .other_stats
         .push(("releases".into(), list(&releases)));
+    // No fault explains a permanent error: faults give timeouts, connection errors and lost
+    // holds, never a Redis error reply, WRONGTYPE, a refused argument or permission. (The
+    // cluster mode found releases stopped half-way by a migrating slot this way, reported as
+    // a Redis error, which no other check counted.)
+    const UNEXPLAINED: [&str; 4] = [
+        "redis",
+        "wrong_type",
+        "invalid_argument",
+        "permission_denied",
+    ];
+    let mut unexplained = Vec::new();
+    for op in ops.values() {
+        let acquire = op.failed.as_deref();
+        let release = op.released.as_ref().map(|(_, _, outcome)| outcome.as_str());
+        for error in [acquire, release].into_iter().flatten() {
+            if UNEXPLAINED.contains(&error.split(':').next().unwrap_or("?")) {
+                unexplained.push(error.to_string());
+            }
+        }
+    }
+    report.checks.push(CheckLine {
+        name: UNEXPLAINED_ERRORS,
+        count: unexplained.len(),
+        must_be_zero: true,
+        note: unexplained.first().cloned().unwrap_or_default(),
+    });
     report.other_stats.push((
         "fenced writes".into(),
         format!("{} accepted, {} refused", accepted.len(), refused.len()),

@@ -76,7 +76,7 @@ pub enum LockError {
     /// (`LockClientBuilder::replica_sync`) within its timeout: it was rolled back, nothing is
     /// held. Transient: a waiting acquire tries again (a bounded one until its deadline).
     #[error(
-        "lock {name:?} was granted but reached {replicas} of the {required} replicas required          in time: rolled back"
+        "lock {name:?} was granted but reached {replicas} of the {required} replicas required in time: rolled back"
     )]
     NotReplicated {
         /// The lock name.
