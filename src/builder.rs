@@ -345,13 +345,9 @@ impl LockClientBuilder {
             Ok(result) => result?,
             Err(_) => return Err(LockError::Timeout),
         }
-        // The subscriber only (un)subscribes and pings, which may be sent twice: it follows
-        // redirections and resends after a reconnect as fred does by default.
-        builder.set_connection_config(ConnectionConfig {
-            connection_timeout: self.command_timeout,
-            internal_command_timeout: self.command_timeout,
-            ..ConnectionConfig::default()
-        });
+        // The subscriber has the same connection settings: no resend after a reconnect (a
+        // SUBSCRIBE resent behind an UNSUBSCRIBE would leave a channel subscribed that the
+        // notifier has let go), and a redirected SSUBSCRIBE is sent again by the notifier.
         let subscriber = builder
             .build_subscriber_client()
             .map_err(LockError::from_redis)?;

@@ -10,6 +10,7 @@ use fred::clients::SubscriberClient;
 use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use leasehold_core::protocol::Message;
+use leasehold_core::scripts::resend_not_run;
 use leasehold_core::{LockError, RedisError};
 use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
@@ -292,9 +293,7 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
     if !*in_redis && inner.settings.sharded {
         // fred answers SSUBSCRIBE with Redis's own reply (it follows a MOVED for it), so once
         // it returns the subscription is in place: no PING needed.
-        inner
-            .subscriber
-            .ssubscribe(channel.name.as_str())
+        resend_not_run(|| inner.subscriber.ssubscribe(channel.name.as_str()))
             .await
             .map_err(LockError::from_redis)?;
         *in_redis = true;
@@ -390,7 +389,7 @@ async fn unsubscribe(inner: Weak<Inner>, channel: Arc<Channel>, idle: u64, linge
     if *in_redis {
         let _sending = strong.sending.lock().await;
         let unsubscribed = if strong.settings.sharded {
-            strong.subscriber.sunsubscribe(channel.name.as_str()).await
+            resend_not_run(|| strong.subscriber.sunsubscribe(channel.name.as_str())).await
         } else {
             strong.subscriber.unsubscribe(channel.name.as_str()).await
         };
@@ -496,10 +495,10 @@ async fn resubscribe(inner: Weak<Inner>) {
             if sharded {
                 // One channel per command: a shard command's channels must share a slot.
                 for channel in &stale {
-                    subscriber.sunsubscribe(channel.as_str()).await?;
+                    resend_not_run(|| subscriber.sunsubscribe(channel.as_str())).await?;
                 }
                 for channel in &wanted {
-                    subscriber.ssubscribe(channel.as_str()).await?;
+                    resend_not_run(|| subscriber.ssubscribe(channel.as_str())).await?;
                     if let Some(c) = strong.channels.lock().get(channel) {
                         *c.shard_owner.lock() = shard_owner(&subscriber, channel);
                     }
@@ -653,7 +652,7 @@ async fn follow_slots(inner: Weak<Inner>) {
             }
             let _sending = strong.sending.lock().await;
             tracing::debug!(channel = %channel.name, ?owner, "shard channel's slot moved: subscribing again");
-            match strong.subscriber.ssubscribe(channel.name.as_str()).await {
+            match resend_not_run(|| strong.subscriber.ssubscribe(channel.name.as_str())).await {
                 Ok(()) => {
                     *channel.shard_owner.lock() = shard_owner(&strong.subscriber, &channel.name);
                     strong.resyncs.fetch_add(1, Ordering::SeqCst);
