@@ -233,13 +233,19 @@ fn cluster_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
     ]);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("result: FAIL"), "{stdout}");
-    assert!(
-        row(
-            &stdout,
-            "exclusion: overlapping holds, both holders believed valid"
-        ) > 0,
-        "{stdout}"
+    // Whichever kind the ignored leases overlapped on first: on a loaded machine 8 s may show
+    // a read/write or semaphore overlap and no plain one (seen once in 5 runs).
+    let overlaps = row(
+        &stdout,
+        "exclusion: overlapping holds, both holders believed valid",
+    ) + row(
+        &stdout,
+        "exclusion: write holds overlapping another owner's hold, both believed",
+    ) + row(
+        &stdout,
+        "semaphore: more permits believed held at once than the semaphore has",
     );
+    assert!(overlaps > 0, "{stdout}");
 
     let (output, stdout) = chaos(&[
         "--cluster",
