@@ -208,12 +208,14 @@ async fn passwords_in_deployment_urls_are_never_shown() {
     drop(cluster);
     let set = blocking(|| SentinelSet::start().unwrap_or_else(|e| panic!("{e}"))).await;
     let url = set.url().replacen("://", &format!("://admin:{SECRET}@"), 1);
-    // fred sends the data nodes' credentials to the Sentinels too (its `sentinel-auth`
-    // feature is off), and these have no password: they refuse them.
+    // The Sentinels' credentials are their own (fred's `sentinel-auth`): none are sent to
+    // them, they name the primary, and the data node refuses the user. (Before that feature
+    // was on, the data nodes' credentials went to the Sentinels, which refused them, and the
+    // error was a misleading "failed to connect to all sentinel nodes".)
     let error = assert_connect_fails_without_secrets(&url).await;
     assert!(
-        matches!(error, LockError::Connection(_)),
-        "refused sentinel: {error:?}"
+        matches!(error, LockError::PermissionDenied(_)),
+        "refused by the data node: {error:?}"
     );
     drop(set);
 }
