@@ -246,7 +246,7 @@ async fn without_the_tls_feature_rediss_is_refused() {
 /// pings instead of AUTH); `missing_rights_are_permission_denied` shows both refusals.
 const ACL_RULE: &str = "on >s3cr3t-Pa55 resetkeys ~leasehold:* resetchannels &leasehold:* -@all \
     +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe +ping \
-    +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +del +pexpire +pttl \
+    +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +hkeys +del +pexpire +pttl \
     +zadd +zpopmin +publish +zrange +zrangebyscore +zscore +zcard +zrank \
     +info +client|id";
 
