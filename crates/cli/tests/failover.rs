@@ -74,7 +74,7 @@ async fn demo_failover_grants_twice_without_sync_and_once_with_it() {
         "0 rows updated",
         "stale write rejected by fencing token",
         "ok: granted twice without sync, and the fencing token kept pod A's write out",
-        "2. With ReplicaSync::Replicas { replicas: 1, timeout: 200ms }",
+        "2. With ReplicaSync::Replicas { replicas: 1, timeout: 1s }",
         "replica_sync() = Synced { replicas: 1, local_aof: false }",
         "pod B: try_lock on the promoted replica finds \"inventory:42\" held",
         "pod A's try_lock failed with LockError::NotReplicated: the grant reached 0 of the 1 \

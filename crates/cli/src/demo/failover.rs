@@ -12,7 +12,7 @@
 //! 1. Without replica sync, a grant the replica never received is granted again by the
 //!    promoted replica: two owners. The fencing token still orders them (tokens are floored at
 //!    server time), and the fenced store refuses the stale owner's write.
-//! 2. With `ReplicaSync::Replicas { replicas: 1, timeout: 200ms }` a grant is reported only
+//! 2. With `ReplicaSync::Replicas { replicas: 1, timeout: 1s }` a grant is reported only
 //!    once the replica acknowledged it, so it survives the failover; and a grant the cut-off
 //!    replica missed fails with `LockError::NotReplicated` and is rolled back.
 //! 3. What the sync costs a grant, measured in passing (`just bench --only replica_sync`
@@ -37,7 +37,7 @@ const PRODUCT: i64 = 42;
 /// The policy of part 2.
 const SYNC: ReplicaSync = ReplicaSync::Replicas {
     replicas: 1,
-    timeout: Duration::from_millis(200),
+    timeout: Duration::from_secs(1),
 };
 /// How long a pod waits for any Redis reply (above the sync timeout, as the builder requires).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -321,7 +321,7 @@ fn without_sync(ctx: &Ctx) -> anyhow::Result<()> {
 /// Part 2: a reported grant survives the failover; a grant the replica missed is rolled back.
 fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
     println!(
-        "2. With ReplicaSync::Replicas {{ replicas: 1, timeout: 200ms }}: a grant is reported \
+        "2. With ReplicaSync::Replicas {{ replicas: 1, timeout: 1s }}: a grant is reported \
          only once a replica holds it"
     );
     let pair = ctx.pair()?;
@@ -371,7 +371,7 @@ fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
         }) => {
             say(&format!(
                 "pod A's try_lock failed with LockError::NotReplicated: the grant reached \
-                 {replicas} of the {required} replica required within 200 ms"
+                 {replicas} of the {required} replica required within 1 s"
             ));
             ensure!(
                 (replicas, required) == (0, 1),
