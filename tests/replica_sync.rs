@@ -1,8 +1,8 @@
-//! Replica sync (issue 16): a primary with one replica, failed over by hand so that the test
-//! decides what the replica has: the replication link (through a testkit proxy) is cut while
-//! the primary grants, the primary is killed, the replica promoted (`REPLICAOF NO ONE`), and a second client
-//! connects to it. This is what a Sentinel or Cluster failover does, without the election's
-//! seconds.
+//! Replica sync (issue 16): a primary with one replica (testkit's `ReplicaPair`), failed over
+//! by hand so that the test decides what the replica has: the replication link is cut while the
+//! primary grants, the primary is killed, the replica promoted (`REPLICAOF NO ONE`), and a
+//! second client connects to it. This is what a Sentinel or Cluster failover does, without the
+//! election's seconds.
 //!
 //! - Without sync the grant the replica missed is granted twice (recorded), and the fencing
 //!   token still rejects the stale holder's write.
@@ -15,99 +15,18 @@
 use std::time::{Duration, Instant};
 
 use leasehold::{FencingToken, LockClient, LockError, ReplicaSync, Synced};
-use leasehold_testkit::{Proxy, RedisServer};
+use leasehold_testkit::{RedisServer, ReplicaPair};
 
 const SYNC: ReplicaSync = ReplicaSync::Replicas {
     replicas: 1,
     timeout: Duration::from_secs(1),
 };
 
-/// A primary and a replica of it, in sync, replicating through a proxy that can cut the link.
-struct Pair {
-    primary: RedisServer,
-    replica: RedisServer,
-    link: Proxy,
-}
-
-impl Pair {
-    async fn start() -> Pair {
-        // No delay before a diskless full sync (5 s by default): each test starts its pair.
-        let primary = RedisServer::builder()
-            .args(["--repl-diskless-sync-delay", "0"])
-            .start()
-            .unwrap_or_else(|e| panic!("cannot start redis: {e}"));
-        let link = Proxy::start(primary.addr()).await.unwrap();
-        let replica = RedisServer::builder()
-            .args(["--replicaof", "127.0.0.1", &link.port().to_string()])
-            .start()
-            .unwrap_or_else(|e| panic!("cannot start the replica: {e}"));
-        let pair = Pair {
-            primary,
-            replica,
-            link,
-        };
-        pair.until_synced().await;
-        pair
-    }
-
-    /// Waits until the replica's link is up and the primary has seen it acknowledge everything
-    /// written so far (a marker write included): what `WAIT` counts. Equal offsets alone are
-    /// not enough: right after a full sync Redis holds the stream back until the replica's
-    /// first acknowledgement, and a `WAIT` then counts no replica (seen about 3 runs in 100).
-    async fn until_synced(&self) {
-        self.primary
-            .command(&["SET", "replica-sync:marker", "1"])
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let field = |info: &str, field: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .map(|v| v.trim().to_string())
-        };
-        loop {
-            let replica = self.replica.info("replication").unwrap();
-            let primary = self.primary.info("replication").unwrap();
-            let written: Option<u64> =
-                field(&primary, "master_repl_offset:").and_then(|v| v.parse().ok());
-            // slave0:ip=127.0.0.1,port=P,state=online,offset=N,lag=0
-            let acked: Option<u64> = field(&primary, "slave0:").and_then(|v| {
-                let online = v.contains("state=online");
-                let offset = v
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix("offset="))
-                    .and_then(|o| o.parse().ok());
-                offset.filter(|_| online)
-            });
-            if replica.contains("master_link_status:up") && written.is_some() && acked >= written {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the replica did not sync within 20 s: {replica}\n{primary}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Cuts the replication link: what the primary writes from now on never reaches the
-    /// replica (the bytes are dropped, not buffered: a paused replica would still read them
-    /// from its socket once resumed).
-    fn cut(&self) {
-        self.link.partition();
-    }
-
-    /// Restores the link; the replica reconnects and catches up from the primary's backlog.
-    async fn restore(&self) {
-        self.link.heal();
-        self.link.close_all();
-        self.until_synced().await;
-    }
-
-    /// Kills the primary and promotes the replica, as a failover would.
-    fn fail_over(&self) {
-        self.primary.kill().unwrap();
-        self.replica.command(&["REPLICAOF", "NO", "ONE"]).unwrap();
-    }
+/// A primary and a replica in sync, replicating through a link the test can cut.
+async fn start_pair() -> ReplicaPair {
+    ReplicaPair::start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start a primary and a replica: {e}"))
 }
 
 async fn client(url: &str, sync: ReplicaSync) -> LockClient {
@@ -137,14 +56,14 @@ impl Store {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_sync_a_failover_before_replication_grants_twice() {
-    let pair = Pair::start().await;
-    let a = client(&pair.primary.url(), ReplicaSync::None).await;
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), ReplicaSync::None).await;
     pair.cut();
     let lock_a = a.lock("last-item").unwrap();
     let first = lock_a.try_lock().await.unwrap().expect("free");
     assert_eq!(first.replica_sync(), None, "no policy, nothing reported");
-    pair.fail_over();
-    let b = client(&pair.replica.url(), ReplicaSync::None).await;
+    pair.fail_over().unwrap();
+    let b = client(&pair.replica().url(), ReplicaSync::None).await;
     let lock_b = b.lock("last-item").unwrap();
     let second = lock_b
         .try_lock()
@@ -171,8 +90,8 @@ async fn without_sync_a_failover_before_replication_grants_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_sync_a_reported_grant_survives_the_failover() {
-    let pair = Pair::start().await;
-    let a = client(&pair.primary.url(), SYNC).await;
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), SYNC).await;
     let lock_a = a.lock("last-item").unwrap();
     let guard = lock_a.try_lock().await.unwrap().expect("free");
     assert_eq!(
@@ -183,8 +102,8 @@ async fn with_sync_a_reported_grant_survives_the_failover() {
         }),
         "reported once the replica has it"
     );
-    pair.fail_over();
-    let b = client(&pair.replica.url(), SYNC).await;
+    pair.fail_over().unwrap();
+    let b = client(&pair.replica().url(), SYNC).await;
     let lock_b = b.lock("last-item").unwrap();
     assert!(
         lock_b.try_lock().await.unwrap().is_none(),
@@ -196,8 +115,8 @@ async fn with_sync_a_reported_grant_survives_the_failover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_sync_a_grant_the_replica_missed_is_rolled_back() {
-    let pair = Pair::start().await;
-    let a = client(&pair.primary.url(), SYNC).await;
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), SYNC).await;
     let lock = a.lock("last-item").unwrap();
     pair.cut();
     match lock.try_lock().await {
@@ -211,7 +130,7 @@ async fn with_sync_a_grant_the_replica_missed_is_rolled_back() {
     // Rolled back on the primary (the settle runs in the background).
     let hash = lock.keys().hash().to_string();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while pair.primary.command(&["EXISTS", &hash]).unwrap().as_int() != Some(0) {
+    while pair.primary().command(&["EXISTS", &hash]).unwrap().as_int() != Some(0) {
         assert!(Instant::now() < deadline, "the grant was not rolled back");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -220,7 +139,7 @@ async fn with_sync_a_grant_the_replica_missed_is_rolled_back() {
         Err(LockError::NotReplicated { .. }) => {}
         other => panic!("expected NotReplicated at the deadline, got {other:?}"),
     }
-    pair.restore().await;
+    pair.restore().await.unwrap();
     let guard = lock
         .try_lock_for(Duration::from_secs(10))
         .await
@@ -228,8 +147,8 @@ async fn with_sync_a_grant_the_replica_missed_is_rolled_back() {
         .expect("granted once the replica is back");
     assert_eq!(guard.replica_sync().map(|s| s.replicas), Some(1));
     // Then the failover: the one owner is A, and B sees it held.
-    pair.fail_over();
-    let b = client(&pair.replica.url(), SYNC).await;
+    pair.fail_over().unwrap();
+    let b = client(&pair.replica().url(), SYNC).await;
     assert!(b
         .lock("last-item")
         .unwrap()
@@ -243,8 +162,8 @@ async fn with_sync_a_grant_the_replica_missed_is_rolled_back() {
 /// Every kind takes its grants through the one engine, so every kind is synced alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_is_synced_and_rolled_back_alike() {
-    let pair = Pair::start().await;
-    let a = client(&pair.primary.url(), SYNC).await;
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), SYNC).await;
     let one = Some(1);
     let fair = a.fair_lock("fair").unwrap();
     let rw = a.rw_lock("rw").unwrap();
@@ -276,7 +195,7 @@ async fn every_kind_is_synced_and_rolled_back_alike() {
     ));
     // Each rolled back: free again on the primary.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let b = client(&pair.primary.url(), ReplicaSync::None).await;
+    let b = client(&pair.primary().url(), ReplicaSync::None).await;
     loop {
         let free = !b.fair_lock("fair").unwrap().is_locked().await.unwrap()
             && !b.rw_lock("rw").unwrap().write().is_locked().await.unwrap()
@@ -292,13 +211,13 @@ async fn every_kind_is_synced_and_rolled_back_alike() {
         assert!(Instant::now() < deadline, "a grant was not rolled back");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    pair.restore().await;
+    pair.restore().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_never_failed_for_lack_of_replicas() {
-    let pair = Pair::start().await;
-    let a = client(&pair.primary.url(), SYNC).await;
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), SYNC).await;
     let lock = a.lock("last-item").unwrap();
     let guard = lock.try_lock().await.unwrap().expect("free");
     pair.cut();
@@ -307,13 +226,13 @@ async fn a_release_is_never_failed_for_lack_of_replicas() {
         .await
         .expect("the release ran on the primary: Ok, though no replica acknowledged it");
     assert!(!lock.is_locked().await.unwrap());
-    pair.restore().await;
+    pair.restore().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_the_replica_missed_does_not_extend_the_hold() {
-    let pair = Pair::start().await;
-    let a = LockClient::builder(&pair.primary.url())
+    let pair = start_pair().await;
+    let a = LockClient::builder(&pair.primary().url())
         .command_timeout(Duration::from_secs(2))
         // Renewals every second, each waiting up to SYNC's 1 s for the cut-off replica.
         .lease(Duration::from_secs(3))
@@ -338,7 +257,7 @@ async fn a_renewal_the_replica_missed_does_not_extend_the_hold() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    pair.restore().await;
+    pair.restore().await.unwrap();
     drop(guard);
 }
 

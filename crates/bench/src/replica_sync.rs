@@ -1,7 +1,7 @@
 //! The `replica_sync` scenario: what `ReplicaSync::Replicas { replicas: 1, .. }` costs a
 //! grant, against the same grant without it and against raw fred calls in the same run.
 //!
-//! A primary and one replica of its own (testkit, on loopback, so replication takes about one
+//! A primary and one replica of its own (testkit's `ReplicaPair`, on loopback, so replication takes about one
 //! local round trip), whatever `REDIS_URL` says. Medians of back-to-back runs, one task:
 //! - `grant`: `try_lock` alone (its unlock is not timed), without and with sync; the synced
 //!   grant is the acquire script, then `WAIT 1 100` on the same connection.
@@ -14,7 +14,7 @@ use std::time::Duration;
 use fred::prelude::*;
 use fred::types::{ClusterHash, CustomCommand};
 use leasehold::{LockClient, ReplicaSync};
-use leasehold_testkit::RedisServer;
+use leasehold_testkit::ReplicaPair;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -38,61 +38,16 @@ const SYNC: ReplicaSync = ReplicaSync::Replicas {
 };
 
 pub(crate) async fn run(slice: Duration) -> anyhow::Result<ReplicaSyncRun> {
-    let primary = RedisServer::start()?;
-    let replica = RedisServer::builder()
-        .args(["--replicaof", "127.0.0.1", &primary.port().to_string()])
-        .start()?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !replica
-        .info("replication")?
-        .contains("master_link_status:up")
-    {
-        anyhow::ensure!(Instant::now() < deadline, "the replica did not sync");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let url = primary.url();
+    let pair = ReplicaPair::start().await?;
+    let url = pair.primary().url();
     let plain = LockClient::connect(&url).await?;
     let synced = LockClient::builder(&url).replica_sync(SYNC).build().await?;
     let (lock, synced_lock) = (plain.lock("bench:sync")?, synced.lock("bench:sync")?);
 
-    let grant_p50 = median(slice, || async {
-        let started = Instant::now();
-        let guard = lock.try_lock().await?.expect("uncontended");
-        let took = started.elapsed();
-        guard.unlock().await?;
-        anyhow::Ok(took)
-    })
-    .await?;
-    let synced_grant_p50 = median(slice, || async {
-        let started = Instant::now();
-        let guard = synced_lock.try_lock().await?.expect("uncontended");
-        let took = started.elapsed();
-        anyhow::ensure!(guard.replica_sync().is_some_and(|s| s.replicas >= 1));
-        guard.unlock().await?;
-        anyhow::Ok(took)
-    })
-    .await?;
-    let pair_p50 = median(slice, || async {
-        let started = Instant::now();
-        lock.try_lock()
-            .await?
-            .expect("uncontended")
-            .unlock()
-            .await?;
-        anyhow::Ok(started.elapsed())
-    })
-    .await?;
-    let synced_pair_p50 = median(slice, || async {
-        let started = Instant::now();
-        synced_lock
-            .try_lock()
-            .await?
-            .expect("uncontended")
-            .unlock()
-            .await?;
-        anyhow::Ok(started.elapsed())
-    })
-    .await?;
+    let grant_p50 = median(slice, || timed_grant(&lock, 0)).await?;
+    let synced_grant_p50 = median(slice, || timed_grant(&synced_lock, 1)).await?;
+    let pair_p50 = median(slice, || timed_pair(&lock)).await?;
+    let synced_pair_p50 = median(slice, || timed_pair(&synced_lock)).await?;
 
     let raw = Builder::from_config(Config::from_url(&url)?).build()?;
     raw.init().await?;
@@ -144,6 +99,29 @@ pub(crate) async fn run(slice: Duration) -> anyhow::Result<ReplicaSyncRun> {
         grant_ratio_to_unsynced: synced_grant_p50 / grant_p50,
         grant_ratio_to_raw: synced_grant_p50 / raw_set_wait_p50,
     })
+}
+
+/// The time of one uncontended `try_lock` (its unlock not timed); checks that the grant reached
+/// `replicas` replicas.
+async fn timed_grant(lock: &leasehold::Lock, replicas: u32) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let guard = lock.try_lock().await?.expect("uncontended");
+    let took = started.elapsed();
+    let reached = guard.replica_sync().map_or(0, |s| s.replicas);
+    anyhow::ensure!(reached >= replicas, "a grant reached {reached} replicas");
+    guard.unlock().await?;
+    Ok(took)
+}
+
+/// The time of one uncontended `try_lock` + `unlock`.
+async fn timed_pair(lock: &leasehold::Lock) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    lock.try_lock()
+        .await?
+        .expect("uncontended")
+        .unlock()
+        .await?;
+    Ok(started.elapsed())
 }
 
 /// Runs `timed` back to back for `slice`; the median of the times it reports, in microseconds.

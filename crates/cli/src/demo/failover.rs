@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use leasehold::{LockClient, LockError, ReplicaSync, Synced};
-use leasehold_testkit::{Proxy, RedisServer};
+use leasehold_testkit::ReplicaPair;
 use tokio::runtime::Runtime;
 
 use super::say;
@@ -41,8 +41,7 @@ const SYNC: ReplicaSync = ReplicaSync::Replicas {
 };
 /// How long a pod waits for any Redis reply (above the sync timeout, as the builder requires).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a fresh replica may take to sync, and a rollback to show on the primary.
-const SYNC_DEADLINE: Duration = Duration::from_secs(20);
+/// How long a rollback may take to show on the primary.
 const ROLLBACK_DEADLINE: Duration = Duration::from_secs(10);
 /// Grants timed with and without sync in part 3 (after a few untimed ones).
 const TIMED_GRANTS: usize = 40;
@@ -73,111 +72,40 @@ impl Ctx {
     }
 
     /// A fresh primary and replica, in sync, and says so.
-    fn pair(&self) -> anyhow::Result<Pair> {
-        let pair = Pair::start(&self.runtime)?;
+    fn pair(&self) -> anyhow::Result<ReplicaPair> {
+        // The proxy's tasks run on the runtime's workers, between the demo's own calls.
+        let pair = self
+            .block_on(ReplicaPair::start())
+            .context("cannot start a primary and a replica")?;
         say(&format!(
             "primary 127.0.0.1:{}, replica 127.0.0.1:{} (replicating through a proxy that can \
              cut the link): in sync",
-            pair.primary.port(),
-            pair.replica.port()
+            pair.primary().port(),
+            pair.replica().port()
         ));
         Ok(pair)
     }
 }
 
-/// A primary and a replica of it, replicating through a proxy; dropping it stops both.
-struct Pair {
-    primary: RedisServer,
-    replica: RedisServer,
-    link: Proxy,
+/// Cuts the pair's replication link: what the primary writes from now on never reaches the
+/// replica (dropped, not buffered).
+fn cut(pair: &ReplicaPair) {
+    pair.cut();
+    say("the replication link is cut: what the primary writes now never reaches the replica");
 }
 
-impl Pair {
-    fn start(runtime: &Runtime) -> anyhow::Result<Pair> {
-        // A full sync right away, rather than after the 5 s Redis 7 waits by default for more
-        // replicas to share a diskless transfer.
-        let primary = RedisServer::builder()
-            .args(["--repl-diskless-sync-delay", "0"])
-            .start()
-            .context("cannot start the primary")?;
-        // The proxy's tasks run on the runtime's workers, between the demo's own calls.
-        let link = runtime
-            .block_on(Proxy::start(primary.addr()))
-            .context("cannot start the replication proxy")?;
-        let replica = RedisServer::builder()
-            .args(["--replicaof", "127.0.0.1", &link.port().to_string()])
-            .start()
-            .context("cannot start the replica")?;
-        let pair = Pair {
-            primary,
-            replica,
-            link,
-        };
-        pair.until_synced()?;
-        Ok(pair)
-    }
+/// Kills the primary and promotes the replica.
+fn fail_over(pair: &ReplicaPair) -> anyhow::Result<()> {
+    pair.fail_over()
+        .context("cannot kill the primary and promote the replica")?;
+    say("the primary is killed, the replica promoted (REPLICAOF NO ONE)");
+    Ok(())
+}
 
-    /// Waits until the primary streams its writes to the replica, so that a `WAIT` can be
-    /// answered: the replica has a key written after the sync. (After a diskless full sync
-    /// the primary holds its stream back until the replica's first acknowledgement; a link
-    /// "up" with equal offsets does not show that, and a `WAIT` meanwhile counts 0 replicas.)
-    fn until_synced(&self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + SYNC_DEADLINE;
-        let offset = |info: &str, field: &str| -> Option<u64> {
-            info.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().parse().ok())
-        };
-        loop {
-            let replica = self.replica.info("replication")?;
-            if replica.contains("master_link_status:up") {
-                break;
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the replica did not sync within {SYNC_DEADLINE:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.primary
-            .command(&["SET", "leasehold-demo:replicated", "1", "PX", "60000"])?;
-        let written = offset(&self.primary.info("replication")?, "master_repl_offset:")
-            .context("no master_repl_offset in the primary's INFO")?;
-        loop {
-            let replica = self.replica.info("replication")?;
-            if offset(&replica, "slave_repl_offset:").is_some_and(|o| o >= written) {
-                return Ok(());
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the replica did not sync within {SYNC_DEADLINE:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Cuts the replication link: what the primary writes from now on never reaches the
-    /// replica (dropped, not buffered).
-    fn cut(&self) {
-        self.link.partition();
-        say("the replication link is cut: what the primary writes now never reaches the replica");
-    }
-
-    /// Kills the primary and promotes the replica.
-    fn fail_over(&self) -> anyhow::Result<()> {
-        self.primary.kill()?;
-        self.replica
-            .command(&["REPLICAOF", "NO", "ONE"])
-            .context("cannot promote the replica")?;
-        say("the primary is killed, the replica promoted (REPLICAOF NO ONE)");
-        Ok(())
-    }
-
-    /// Whether the primary still has the lock's hash (`key`).
-    fn primary_has(&self, key: &str) -> anyhow::Result<bool> {
-        let exists = self.primary.command(&["EXISTS", key])?;
-        Ok(exists.as_int().context("EXISTS replied with no integer")? != 0)
-    }
+/// Whether the primary still has the lock's hash (`key`).
+fn primary_has(pair: &ReplicaPair, key: &str) -> anyhow::Result<bool> {
+    let exists = pair.primary().command(&["EXISTS", key])?;
+    Ok(exists.as_int().context("EXISTS replied with no integer")? != 0)
 }
 
 type Part = fn(&Ctx) -> anyhow::Result<()>;
@@ -230,19 +158,7 @@ pub fn run(began: Instant) -> anyhow::Result<bool> {
     // A pod A whose primary is gone may still be reconnecting: do not wait for it.
     runtime.shutdown_timeout(Duration::from_secs(1));
 
-    println!();
-    let took = began.elapsed().as_secs_f64();
-    if failed.is_empty() {
-        println!("all scenarios behaved as expected ({took:.1} s)");
-        Ok(true)
-    } else {
-        println!(
-            "{} of 3 scenarios did not behave as expected: {} ({took:.1} s)",
-            failed.len(),
-            failed.join(", ")
-        );
-        Ok(false)
-    }
+    Ok(super::summarize(&failed, began))
 }
 
 /// Part 1: the grant the replica missed is granted again after the failover.
@@ -250,9 +166,9 @@ fn without_sync(ctx: &Ctx) -> anyhow::Result<()> {
     println!("1. Without replica sync: the primary dies before the replica has pod A's grant");
     let pair = ctx.pair()?;
     ctx.block_on(ctx.store.reset(PRODUCT, 1))?;
-    let a = ctx.pod(&pair.primary.url(), ReplicaSync::None)?;
+    let a = ctx.pod(&pair.primary().url(), ReplicaSync::None)?;
     let lock_a = a.lock(LOCK)?;
-    pair.cut();
+    cut(&pair);
     let first = ctx
         .block_on(lock_a.try_lock())?
         .context("pod A found the lock held on a fresh primary")?;
@@ -265,8 +181,8 @@ fn without_sync(ctx: &Ctx) -> anyhow::Result<()> {
         "pod A took {LOCK:?} on the primary (token {}): granted at once, no replica asked",
         first.fencing_token()
     ));
-    pair.fail_over()?;
-    let b = ctx.pod(&pair.replica.url(), ReplicaSync::None)?;
+    fail_over(&pair)?;
+    let b = ctx.pod(&pair.replica().url(), ReplicaSync::None)?;
     let lock_b = b.lock(LOCK)?;
     let Some(second) = ctx.block_on(lock_b.try_lock())? else {
         bail!("the promoted replica had pod A's grant: the cut link let it through");
@@ -325,7 +241,7 @@ fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
          only once a replica holds it"
     );
     let pair = ctx.pair()?;
-    let a = ctx.pod(&pair.primary.url(), SYNC)?;
+    let a = ctx.pod(&pair.primary().url(), SYNC)?;
     let lock_a = a.lock(LOCK)?;
     let guard = ctx
         .block_on(lock_a.try_lock())?
@@ -341,8 +257,8 @@ fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
         matches!(synced, Some(Synced { replicas: 1, .. })),
         "expected Some(Synced {{ replicas: 1, .. }}), got {synced:?}"
     );
-    pair.fail_over()?;
-    let b = ctx.pod(&pair.replica.url(), SYNC)?;
+    fail_over(&pair)?;
+    let b = ctx.pod(&pair.replica().url(), SYNC)?;
     let lock_b = b.lock(LOCK)?;
     if let Some(second) = ctx.block_on(lock_b.try_lock())? {
         bail!(
@@ -362,9 +278,9 @@ fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
 
     say("and when the replica does not get the grant in time (a fresh pair):");
     let pair = ctx.pair()?;
-    let a = ctx.pod(&pair.primary.url(), SYNC)?;
+    let a = ctx.pod(&pair.primary().url(), SYNC)?;
     let lock_a = a.lock(LOCK)?;
-    pair.cut();
+    cut(&pair);
     match ctx.block_on(lock_a.try_lock()) {
         Err(LockError::NotReplicated {
             replicas, required, ..
@@ -389,7 +305,7 @@ fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
     // The rollback runs in the background: the primary drops the grant soon after.
     let hash = lock_a.keys().hash().to_string();
     let deadline = Instant::now() + ROLLBACK_DEADLINE;
-    while pair.primary_has(&hash)? {
+    while primary_has(&pair, &hash)? {
         ensure!(
             Instant::now() < deadline,
             "the grant the replica missed was not rolled back on the primary within \
@@ -411,7 +327,7 @@ fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
 fn latency(ctx: &Ctx) -> anyhow::Result<()> {
     println!("3. What the sync costs a grant (median of {TIMED_GRANTS} grants each, on loopback)");
     let pair = ctx.pair()?;
-    let url = pair.primary.url();
+    let url = pair.primary().url();
     let plain = ctx.pod(&url, ReplicaSync::None)?;
     let synced = ctx.pod(&url, SYNC)?;
     let without = ctx.block_on(median_grant(&plain, 0))?;
