@@ -506,21 +506,6 @@ impl LockGuard<'_> {
     }
 }
 
-/// Waits until a state change of `keys` reached the replicas the client's replica sync policy
-/// asks for: `Ok(None)` without a policy (nothing is sent), the replicas reached, or
-/// [`LockError::NotReplicated`] when fewer acknowledged within the policy's timeout.
-pub(crate) async fn replicated(client: &ClientInner, keys: &LockKeys) -> Result<Option<Synced>> {
-    let policy = client.replica_sync;
-    match policy.wait(&client.redis, keys).await? {
-        Some(synced) if !policy.met_by(synced) => Err(LockError::NotReplicated {
-            name: keys.name().to_string(),
-            replicas: synced.replicas,
-            required: policy.replicas(),
-        }),
-        synced => Ok(synced),
-    }
-}
-
 /// A grant of the plain lock, before it becomes a guard.
 pub(crate) struct Granted {
     owner: Owner,
@@ -720,7 +705,7 @@ impl LockAttempt<'_> {
                 let synced = if client.replica_sync.is_none() {
                     None
                 } else {
-                    Box::pin(replicated(client, &self.hold.keys)).await?
+                    Box::pin(client.replica_sync.require(&client.redis, &self.hold.keys)).await?
                 };
                 pending.disarm();
                 let share = client

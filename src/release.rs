@@ -116,7 +116,12 @@ impl Release {
     /// the lock held until its lease ends, which delays the next owner, never doubles one).
     async fn replicate(&self) {
         let keys = &self.hold.keys;
-        match crate::lock::replicated(&self.client, keys).await {
+        match self
+            .client
+            .replica_sync
+            .require(&self.client.redis, keys)
+            .await
+        {
             Ok(_) => {}
             Err(error) => {
                 tracing::warn!(lock = %keys.name(), %error, "release not synced to replicas")

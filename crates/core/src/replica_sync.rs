@@ -90,7 +90,7 @@ impl ReplicaSync {
     }
 
     /// Whether `synced` meets the policy.
-    pub fn met_by(&self, synced: Synced) -> bool {
+    fn met_by(&self, synced: Synced) -> bool {
         match *self {
             ReplicaSync::None => true,
             ReplicaSync::Replicas { replicas, .. } => synced.replicas >= replicas,
@@ -108,15 +108,33 @@ impl ReplicaSync {
         }
     }
 
-    /// Sends `WAIT` (or `WAITAOF`) to the primary of `keys`' slot: it answers once the writes
-    /// this client's connection to that primary made so far reached the replicas, or when the
-    /// timeout ran out. `Ok(None)` for [`ReplicaSync::None`] (nothing is sent).
+    /// Waits until a state change of `keys` reached the replicas the policy asks for: sends
+    /// `WAIT` (or `WAITAOF`) to the primary of `keys`' slot, which answers once the writes this
+    /// client's connection to that primary made so far reached the replicas, or when the timeout
+    /// ran out. `Ok(None)` for [`ReplicaSync::None`] (nothing is sent); what was reached, or
+    /// [`LockError::NotReplicated`] when fewer replicas acknowledged in time.
     ///
     /// The command must follow the state change on the same connection (it waits for that
     /// connection's writes): fred keeps one connection per server, and routes this one by the
     /// lock's slot, as the script was. While it waits, the connection's later commands queue
     /// behind it: a replica that does not answer delays this client by up to the timeout.
-    pub async fn wait<C: ClientLike + Send + Sync>(
+    pub async fn require<C: ClientLike + Send + Sync>(
+        &self,
+        client: &C,
+        keys: &LockKeys,
+    ) -> Result<Option<Synced>> {
+        match self.wait(client, keys).await? {
+            Some(synced) if !self.met_by(synced) => Err(LockError::NotReplicated {
+                name: keys.name().to_string(),
+                replicas: synced.replicas,
+                required: self.replicas(),
+            }),
+            synced => Ok(synced),
+        }
+    }
+
+    /// `WAIT` or `WAITAOF`, and what the primary answered.
+    async fn wait<C: ClientLike + Send + Sync>(
         &self,
         client: &C,
         keys: &LockKeys,

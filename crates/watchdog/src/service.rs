@@ -54,16 +54,7 @@ impl Renewer for ScriptRenewer {
                 let renewed = commands::renew(&this.client, &this.scripts, &holds, lease).await?;
                 // A batch shares one slot (on Cluster), so one primary: one WAIT covers it.
                 if let Some(first) = holds.first() {
-                    let keys = &first.hold.keys;
-                    if let Some(synced) = this.sync.wait(&this.client, keys).await? {
-                        if !this.sync.met_by(synced) {
-                            return Err(LockError::NotReplicated {
-                                name: keys.name().to_string(),
-                                replicas: synced.replicas,
-                                required: this.sync.replicas(),
-                            });
-                        }
-                    }
+                    this.sync.require(&this.client, &first.hold.keys).await?;
                 }
                 Ok(renewed)
             };
