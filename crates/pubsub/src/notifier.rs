@@ -291,13 +291,11 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
     // `sending` too, then counts this channel as wanted rather than stale.
     let _sending = inner.sending.lock().await;
     if !*in_redis && inner.settings.sharded {
-        // fred answers SSUBSCRIBE with Redis's own reply (it follows a MOVED for it), so once
-        // it returns the subscription is in place: no PING needed.
-        resend_not_run(|| inner.subscriber.ssubscribe(channel.name.as_str()))
+        // No PING needed: see shard_subscribe.
+        shard_subscribe(&inner.subscriber, &channel)
             .await
             .map_err(LockError::from_redis)?;
         *in_redis = true;
-        *channel.shard_owner.lock() = shard_owner(&inner.subscriber, &channel.name);
     } else if !*in_redis {
         inner
             .subscriber
@@ -497,10 +495,10 @@ async fn resubscribe(inner: Weak<Inner>) {
                 for channel in &stale {
                     resend_not_run(|| subscriber.sunsubscribe(channel.as_str())).await?;
                 }
-                for channel in &wanted {
-                    resend_not_run(|| subscriber.ssubscribe(channel.as_str())).await?;
-                    if let Some(c) = strong.channels.lock().get(channel) {
-                        *c.shard_owner.lock() = shard_owner(&subscriber, channel);
+                for name in &wanted {
+                    let channel = strong.channels.lock().get(name).cloned();
+                    if let Some(channel) = channel {
+                        shard_subscribe(&subscriber, &channel).await?;
                     }
                 }
                 return Ok(());
@@ -602,6 +600,18 @@ async fn stand_by(channel: Arc<Channel>) {
     }
 }
 
+/// `SSUBSCRIBE`s `channel` (sent again while the cluster redirects it) and records the node
+/// that owns its slot now. fred answers `SSUBSCRIBE` with Redis's own reply, so once this
+/// returns the subscription is in place.
+async fn shard_subscribe(
+    subscriber: &SubscriberClient,
+    channel: &Channel,
+) -> Result<(), fred::error::Error> {
+    resend_not_run(|| subscriber.ssubscribe(channel.name.as_str())).await?;
+    *channel.shard_owner.lock() = shard_owner(subscriber, &channel.name);
+    Ok(())
+}
+
 /// The node that owns `channel`'s slot, as the subscriber's slot map says.
 fn shard_owner(
     subscriber: &SubscriberClient,
@@ -646,20 +656,18 @@ async fn follow_slots(inner: Weak<Inner>) {
             if owner.is_none() || *channel.shard_owner.lock() == owner {
                 continue;
             }
-            let mut in_redis = channel.redis_state.lock().await;
+            let in_redis = channel.redis_state.lock().await;
             if !*in_redis {
                 continue; // unsubscribed meanwhile
             }
             let _sending = strong.sending.lock().await;
             tracing::debug!(channel = %channel.name, ?owner, "shard channel's slot moved: subscribing again");
-            match resend_not_run(|| strong.subscriber.ssubscribe(channel.name.as_str())).await {
+            match shard_subscribe(&strong.subscriber, &channel).await {
                 Ok(()) => {
-                    *channel.shard_owner.lock() = shard_owner(&strong.subscriber, &channel.name);
                     strong.resyncs.fetch_add(1, Ordering::SeqCst);
                 }
                 Err(error) => {
                     // Tried again next period; meanwhile the head's timer still runs.
-                    *in_redis = true;
                     strong.resync_failures.fetch_add(1, Ordering::SeqCst);
                     tracing::debug!(%error, channel = %channel.name, "subscribing again failed");
                 }
