@@ -43,7 +43,7 @@ if head then
   -- migrates (Redis Cluster), a script that deletes a key and then writes it again is stopped
   -- half-way ("non local key"), the turn never set.
   redis.call('HSET', KEYS[1], '@TURN@' .. head, '0')
-  redis.call('HDEL', KEYS[1], ARGV[1], '@FENCE@', '@EXPIRING@')
+  redis.call('HDEL', KEYS[1], ARGV[1], '@FENCE@')
   redis.call('PEXPIRE', KEYS[1], '@GRACE_MS@')
 else
   redis.call('DEL', KEYS[1])
