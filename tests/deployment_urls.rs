@@ -8,7 +8,6 @@
 //! tests/cluster_nodes.rs covers the same deployments through `builder_from_config` (slot
 //! moves, failovers); this file covers the URLs users write.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,19 +102,9 @@ async fn cluster_url_takes_locks_on_every_primary() {
     let names = blocking({
         let cluster = cluster.clone();
         move || {
-            let primaries = cluster.primaries().unwrap();
-            let mut found = BTreeMap::new();
-            for n in 0..1000 {
-                let name = format!("order:{n}");
-                let owner = cluster
-                    .owner_of_slot(cluster.key_slot(&name).unwrap())
-                    .unwrap();
-                found.entry(owner).or_insert(name);
-                if found.len() == primaries.len() {
-                    return found.into_values().collect::<Vec<_>>();
-                }
-            }
-            panic!("no name for every primary: {found:?}");
+            cluster
+                .names_on_every_primary("order")
+                .expect("a name on every primary")
         }
     })
     .await;

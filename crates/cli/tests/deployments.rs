@@ -136,24 +136,6 @@ async fn wait_for_subscribers(cluster: &Arc<RedisCluster>, channel: &str, n: i64
     }
 }
 
-/// One lock name per primary: `job:N` names whose slot each primary serves.
-fn names_on_every_primary(cluster: &RedisCluster) -> Vec<String> {
-    let primaries: BTreeSet<usize> = cluster.primaries().unwrap().into_iter().collect();
-    let mut found = std::collections::BTreeMap::new();
-    for n in 0..1000 {
-        let name = format!("job:{n}");
-        // Keys are `PREFIX:{NAME}`: the slot is that of the name.
-        let owner = cluster
-            .owner_of_slot(cluster.key_slot(&name).unwrap())
-            .unwrap();
-        found.entry(owner).or_insert(name);
-        if found.len() == primaries.len() {
-            return found.into_values().collect();
-        }
-    }
-    panic!("no name found for every primary: {found:?}");
-}
-
 /// `list`, `inspect`, `watch --once` and `unlock --force` through a `redis-cluster://` URL,
 /// with locks on all three primaries: `list` sees every one (SCAN on every primary), `inspect`
 /// shows the holder, token and the waiter subscribed on whichever primary, and the force
@@ -165,7 +147,11 @@ async fn commands_work_through_a_cluster_url() {
     assert!(url.starts_with("redis-cluster://127.0.0.1:"), "{url}");
     let names = blocking({
         let cluster = cluster.clone();
-        move || names_on_every_primary(&cluster)
+        move || {
+            cluster
+                .names_on_every_primary("job")
+                .expect("a name on every primary")
+        }
     })
     .await;
     let holder = LockClient::connect(&url)

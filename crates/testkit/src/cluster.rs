@@ -344,6 +344,27 @@ impl RedisCluster {
             .ok_or_else(|| TestkitError::Protocol(format!("CLUSTER KEYSLOT replied {slot:?}")))
     }
 
+    /// One lock name per primary, in the order of [`primaries`](Self::primaries): the first
+    /// `PREFIX:N` whose slot that primary serves. A leasehold lock's keys carry its name as the
+    /// hash tag (`P:{NAME}`), so the name's slot is the lock's.
+    pub fn names_on_every_primary(&self, prefix: &str) -> Result<Vec<String>> {
+        let primaries = self.primaries()?;
+        let mut found: Vec<Option<String>> = vec![None; primaries.len()];
+        for n in 0..10_000 {
+            let name = format!("{prefix}:{n}");
+            let owner = self.owner_of_slot(self.key_slot(&name)?)?;
+            if let Some(at) = primaries.iter().position(|&p| p == owner) {
+                found[at].get_or_insert(name);
+            }
+            if found.iter().all(Option::is_some) {
+                return Ok(found.into_iter().flatten().collect());
+            }
+        }
+        Err(TestkitError::Protocol(format!(
+            "no {prefix}:N name for every primary among 10,000: {found:?}"
+        )))
+    }
+
     /// The index of the primary serving `slot`, per `CLUSTER NODES` of a reachable node.
     pub fn owner_of_slot(&self, slot: u16) -> Result<usize> {
         let view = self.view(self.any_reachable()?)?;
