@@ -330,6 +330,16 @@ impl Env<'_> {
     }
 }
 
+/// Pauses a client process (SIGSTOP) for `lasts`, then resumes it.
+pub(crate) async fn pause_client(child: &Arc<ChildProcess>, lasts: Duration) -> anyhow::Result<()> {
+    let paused = child.clone();
+    blocking(move || paused.pause()).await??;
+    sleep(lasts).await;
+    let resumed = child.clone();
+    blocking(move || resumed.resume()).await??;
+    Ok(())
+}
+
 /// Runs a blocking call (the testkit's) off the async workers.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -466,11 +476,7 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
     let detail = match kind {
         FaultKind::ClientPause => {
             let lasts = longest_lease + Duration::from_millis(rng.range(100, 1500));
-            let child = env.slots[client as usize].child.clone();
-            blocking(move || child.pause()).await??;
-            sleep(lasts).await;
-            let child = env.slots[client as usize].child.clone();
-            blocking(move || child.resume()).await??;
+            pause_client(&env.slots[client as usize].child, lasts).await?;
             format!("{lasts:?}")
         }
         FaultKind::ClientKill => {

@@ -31,7 +31,9 @@ use tokio::time::{sleep, Instant};
 use crate::checker;
 use crate::clock::now_us;
 use crate::history::{Kind, ReleaseHow};
-use crate::orchestrator::{blocking, drain_clients, exit_clients, is_fence_counter, scan, strings};
+use crate::orchestrator::{
+    blocking, drain_clients, exit_clients, is_fence_counter, pause_client, scan, strings,
+};
 use crate::rng::Rng;
 use crate::run::RunConfig;
 use crate::store::Store;
@@ -646,11 +648,7 @@ async fn inject(env: &mut Env<'_>, kind: QFaultKind, rng: &mut Rng) -> anyhow::R
             servers.clear();
             let lasts = env.config.lease.max(MAX_EXPLICIT_LEASE)
                 + Duration::from_millis(rng.range(100, 1500));
-            let child = env.slots[client as usize].child.clone();
-            blocking(move || child.pause()).await??;
-            sleep(lasts).await;
-            let child = env.slots[client as usize].child.clone();
-            blocking(move || child.resume()).await??;
+            pause_client(&env.slots[client as usize].child, lasts).await?;
             format!("client {client} for {lasts:?}")
         }
         QFaultKind::ClientKill => {

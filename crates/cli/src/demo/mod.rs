@@ -298,19 +298,24 @@ pub fn run(url: Option<&str>, args: DemoArgs) -> anyhow::Result<bool> {
     }
     drop(ctx);
 
+    Ok(summarize(&failed, began))
+}
+
+/// The last line of a demo: whether every scenario behaved as expected (`failed` names those
+/// that did not).
+fn summarize(failed: &[&str], began: Instant) -> bool {
     println!();
     let took = began.elapsed().as_secs_f64();
     if failed.is_empty() {
         println!("all scenarios behaved as expected ({took:.1} s)");
-        Ok(true)
     } else {
         println!(
             "{} of 3 scenarios did not behave as expected: {} ({took:.1} s)",
             failed.len(),
             failed.join(", ")
         );
-        Ok(false)
     }
+    failed.is_empty()
 }
 
 /// The inventory, created: in PostgreSQL (a table unique to the run) when `DATABASE_URL` is
