@@ -58,7 +58,7 @@ impl Store {
 async fn without_sync_a_failover_before_replication_grants_twice() {
     let pair = start_pair().await;
     let a = client(&pair.primary().url(), ReplicaSync::None).await;
-    pair.cut();
+    pair.cut().unwrap();
     let lock_a = a.lock("last-item").unwrap();
     let first = lock_a.try_lock().await.unwrap().expect("free");
     assert_eq!(first.replica_sync(), None, "no policy, nothing reported");
@@ -118,7 +118,7 @@ async fn with_sync_a_grant_the_replica_missed_is_rolled_back() {
     let pair = start_pair().await;
     let a = client(&pair.primary().url(), SYNC).await;
     let lock = a.lock("last-item").unwrap();
-    pair.cut();
+    pair.cut().unwrap();
     match lock.try_lock().await {
         Err(LockError::NotReplicated {
             replicas: 0,
@@ -180,7 +180,7 @@ async fn every_kind_is_synced_and_rolled_back_alike() {
         r.unlock().await.unwrap();
         p.release().await.unwrap();
     }
-    pair.cut();
+    pair.cut().unwrap();
     assert!(matches!(
         fair.try_lock().await,
         Err(LockError::NotReplicated { .. })
@@ -220,7 +220,7 @@ async fn a_release_is_never_failed_for_lack_of_replicas() {
     let a = client(&pair.primary().url(), SYNC).await;
     let lock = a.lock("last-item").unwrap();
     let guard = lock.try_lock().await.unwrap().expect("free");
-    pair.cut();
+    pair.cut().unwrap();
     guard
         .unlock()
         .await
@@ -242,7 +242,7 @@ async fn a_renewal_the_replica_missed_does_not_extend_the_hold() {
         .unwrap();
     let lock = a.lock("long-job").unwrap();
     let guard = lock.try_lock().await.unwrap().expect("free");
-    pair.cut();
+    pair.cut().unwrap();
     // Renewals run on the primary but never reach the replica: the guard is lost once the
     // deadline of its grant passes.
     tokio::time::timeout(Duration::from_secs(15), guard.lost())

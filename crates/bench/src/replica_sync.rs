@@ -1,8 +1,9 @@
 //! The `replica_sync` scenario: what `ReplicaSync::Replicas { replicas: 1, .. }` costs a
 //! grant, against the same grant without it and against raw fred calls in the same run.
 //!
-//! A primary and one replica of its own (testkit's `ReplicaPair`, on loopback, so replication takes about one
-//! local round trip), whatever `REDIS_URL` says. Medians of back-to-back runs, one task:
+//! A primary and one replica of its own (testkit's `ReplicaPair::start_direct`: no proxy on
+//! the replication path; on loopback, so replication takes about one local round trip),
+//! whatever `REDIS_URL` says. Medians of back-to-back runs, one task:
 //! - `grant`: `try_lock` alone (its unlock is not timed), without and with sync; the synced
 //!   grant is the acquire script, then `WAIT 1 100` on the same connection.
 //! - `pair`: `try_lock` + `unlock`, without and with sync (the release waits too).
@@ -38,7 +39,8 @@ const SYNC: ReplicaSync = ReplicaSync::Replicas {
 };
 
 pub(crate) async fn run(slice: Duration) -> anyhow::Result<ReplicaSyncRun> {
-    let pair = ReplicaPair::start().await?;
+    // Direct replication: a proxy hop on the link would be measured as WAIT's cost.
+    let pair = ReplicaPair::start_direct().await?;
     let url = pair.primary().url();
     let plain = LockClient::connect(&url).await?;
     let synced = LockClient::builder(&url).replica_sync(SYNC).build().await?;

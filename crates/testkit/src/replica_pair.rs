@@ -21,7 +21,9 @@ const SYNC_DEADLINE: Duration = Duration::from_secs(20);
 pub struct ReplicaPair {
     primary: RedisServer,
     replica: RedisServer,
-    link: Proxy,
+    /// The proxy the replica replicates through; `None` when it connects to the primary itself
+    /// ([`start_direct`](ReplicaPair::start_direct)).
+    link: Option<Proxy>,
 }
 
 impl ReplicaPair {
@@ -29,14 +31,29 @@ impl ReplicaPair {
     ///
     /// [`until_synced`]: ReplicaPair::until_synced
     pub async fn start() -> Result<ReplicaPair> {
+        ReplicaPair::start_linked(true).await
+    }
+
+    /// As [`start`](ReplicaPair::start), with the replica connected to the primary itself: no
+    /// proxy hop on the replication path, for measuring what `WAIT` costs. The link cannot be
+    /// cut ([`cut`](ReplicaPair::cut) says so).
+    pub async fn start_direct() -> Result<ReplicaPair> {
+        ReplicaPair::start_linked(false).await
+    }
+
+    async fn start_linked(through_proxy: bool) -> Result<ReplicaPair> {
         // A full sync at once, not after the 5 s Redis 7 waits for more replicas to share a
         // diskless transfer.
         let primary = RedisServer::builder()
             .args(["--repl-diskless-sync-delay", "0"])
             .start()?;
-        let link = Proxy::start(primary.addr()).await?;
+        let link = match through_proxy {
+            true => Some(Proxy::start(primary.addr()).await?),
+            false => None,
+        };
+        let port = link.as_ref().map_or(primary.port(), Proxy::port);
         let replica = RedisServer::builder()
-            .args(["--replicaof", "127.0.0.1", &link.port().to_string()])
+            .args(["--replicaof", "127.0.0.1", &port.to_string()])
             .start()?;
         let pair = ReplicaPair {
             primary,
@@ -92,16 +109,24 @@ impl ReplicaPair {
 
     /// Cuts the replication link: what the primary writes from now on never reaches the
     /// replica (dropped, not buffered).
-    pub fn cut(&self) {
-        self.link.partition();
+    pub fn cut(&self) -> Result<()> {
+        self.link()?.partition();
+        Ok(())
+    }
+
+    fn link(&self) -> Result<&Proxy> {
+        self.link.as_ref().ok_or_else(|| {
+            TestkitError::Unsupported("the pair was started direct: its link cannot be cut".into())
+        })
     }
 
     /// Restores the link; the replica reconnects and catches up from the primary's backlog.
     /// Returns once they are in sync again.
     pub async fn restore(&self) -> Result<()> {
-        self.link.heal();
+        let link = self.link()?;
+        link.heal();
         // Bytes were dropped: the stream is out of step until the replica reconnects.
-        self.link.close_all();
+        link.close_all();
         self.until_synced().await
     }
 

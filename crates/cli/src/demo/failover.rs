@@ -89,9 +89,10 @@ impl Ctx {
 
 /// Cuts the pair's replication link: what the primary writes from now on never reaches the
 /// replica (dropped, not buffered).
-fn cut(pair: &ReplicaPair) {
-    pair.cut();
+fn cut(pair: &ReplicaPair) -> anyhow::Result<()> {
+    pair.cut()?;
     say("the replication link is cut: what the primary writes now never reaches the replica");
+    Ok(())
 }
 
 /// Kills the primary and promotes the replica.
@@ -168,7 +169,7 @@ fn without_sync(ctx: &Ctx) -> anyhow::Result<()> {
     ctx.block_on(ctx.store.reset(PRODUCT, 1))?;
     let a = ctx.pod(&pair.primary().url(), ReplicaSync::None)?;
     let lock_a = a.lock(LOCK)?;
-    cut(&pair);
+    cut(&pair)?;
     let first = ctx
         .block_on(lock_a.try_lock())?
         .context("pod A found the lock held on a fresh primary")?;
@@ -280,7 +281,7 @@ fn with_sync(ctx: &Ctx) -> anyhow::Result<()> {
     let pair = ctx.pair()?;
     let a = ctx.pod(&pair.primary().url(), SYNC)?;
     let lock_a = a.lock(LOCK)?;
-    cut(&pair);
+    cut(&pair)?;
     match ctx.block_on(lock_a.try_lock()) {
         Err(LockError::NotReplicated {
             replicas, required, ..
