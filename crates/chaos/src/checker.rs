@@ -14,6 +14,18 @@
 //! The history can only under-report beliefs (samples are sparse), never over-report, so every
 //! counted overlap happened.
 //!
+//! # Fencing tokens
+//!
+//! A token is strictly increasing per name, and unique among the names of one Redis Cluster
+//! slot, which share that slot's counter (`P:{T}:fence`); the names of different slots have
+//! counters of their own, each floored at the server time, which may meet, so their tokens may
+//! be equal. So: the store accepted only increasing tokens per resource, each its writer's
+//! grant's ([`FENCE_NON_INCREASING`], [`FENCE_UNKNOWN_TOKEN`]); no two new grants of names in
+//! one slot got one token ([`FENCE_REUSED`], [`fence_reused_check`], the slot as
+//! `leasehold_core::LockKeys::slot` computes it); and a grant whose acquire began after another
+//! grant of the same name was recorded got a higher token ([`FENCE_ORDER`]; across a loss of
+//! Redis's data counted apart, still a violation).
+//!
 //! # Two tasks in one critical section
 //!
 //! A critical section is identified by (client process, task), not by owner id: the task that
@@ -459,7 +471,7 @@ pub const FENCE_NON_INCREASING: &str = "fence: accepted writes with a non-increa
 pub const FENCE_UNKNOWN_TOKEN: &str = "fence: accepted writes whose token no grant handed out";
 pub const UNEXPLAINED_ERRORS: &str =
     "errors: no acquire or release failed with an error no fault explains (a Redis error reply, WRONGTYPE, a refused argument or permission)";
-pub const FENCE_REUSED: &str = "fence: one token handed to two grants";
+pub const FENCE_REUSED: &str = "fence: one token handed to two grants of one Cluster slot";
 pub const FENCE_ORDER: &str = "fence: token not above an earlier grant's (real-time order)";
 pub const FENCE_RESTART: &str = "fence: tokens that went backwards across a Redis restart";
 pub const OVERLAP: &str = "exclusion: overlapping holds, both holders believed valid";
@@ -955,24 +967,10 @@ fn fence_checks(
             by_res.entry(op.res).or_default().push(op);
         }
     }
-    let mut reused = 0;
+    let reused = fence_reused_check(report, &by_res, layout);
     let mut order = 0;
     let mut across_restart = 0;
-    // Tokens come from one counter per prefix, so no two grants of any locks may share one
-    // (a stronger check than per lock, which is what fencing needs).
-    let mut seen: HashMap<u64, &Op> = HashMap::new();
     for grants in by_res.values_mut() {
-        for op in grants.iter() {
-            let token = op.granted.as_ref().and_then(|g| g.token).expect("filtered");
-            if let Some(other) = seen.insert(token, op) {
-                reused += 1;
-                report.samples.push(format!(
-                    "token {token} granted twice: {} and {}",
-                    other.describe(),
-                    op.describe()
-                ));
-            }
-        }
         // A grant whose acquire went out after another grant's reply came back ran later in
         // Redis, so its token must be higher.
         grants.sort_by_key(|o| o.granted.as_ref().map(|g| g.t));
@@ -1026,6 +1024,45 @@ fn fence_checks(
         labels.fence_restart,
         across_restart,
     ));
+}
+
+/// [`FENCE_REUSED`]: no token handed to two new grants of names that share a fencing
+/// counter. The counters are one per Redis Cluster slot (`P:{T}:fence`, `T` a tag of the
+/// slot: `leasehold_core::LockKeys::fence`), in the one-server run as in a cluster, so a token
+/// is unique among the names of one slot (and strictly increasing per name: [`FENCE_ORDER`]);
+/// two slots' counters both start from the server time and may meet, so the names of
+/// different slots may be handed equal tokens. Returns the count.
+fn fence_reused_check(
+    report: &mut Report,
+    by_res: &BTreeMap<u32, Vec<&Op>>,
+    layout: &Layout,
+) -> usize {
+    let mut reused = 0;
+    let mut seen: HashMap<(u16, u64), &Op> = HashMap::new();
+    for (&res, grants) in by_res {
+        let slot = slot_of_name(&layout.name(res));
+        for op in grants {
+            let token = op.granted.as_ref().and_then(|g| g.token).expect("filtered");
+            if let Some(other) = seen.insert((slot, token), op) {
+                reused += 1;
+                report.samples.push(format!(
+                    "token {token} granted twice in slot {slot}: {} and {}",
+                    other.describe(),
+                    op.describe()
+                ));
+            }
+        }
+    }
+    reused
+}
+
+/// The Redis Cluster slot of lock `name`'s keys, and so of its fencing counter (the prefix
+/// takes no part: the slot is the name's, or its hash tag's).
+fn slot_of_name(name: &str) -> u16 {
+    leasehold_core::LockKeys::new(&leasehold_core::Prefix::default(), name).map_or_else(
+        |_| leasehold_core::slot::key_slot(name.as_bytes()),
+        |k| k.slot(),
+    )
 }
 
 struct Belief<'a> {
@@ -2623,6 +2660,44 @@ mod tests {
             history(1, hold(1, "b", 15, 400, 500, 600, None, 700)),
         ];
         assert_eq!(run(&h, &[], &[]).count(FENCE_ORDER), 0);
+    }
+
+    /// Two new grants with token 10: a hold of `res-0` and one of the lock `res` (a plain
+    /// lock of a config with `plain` of them).
+    fn equal_tokens(plain: u32, res: u32) -> Report {
+        let config = RunConfig {
+            resources: plain,
+            ..config()
+        };
+        let h = [
+            history(0, hold(1, "a", 10, 0, 100, 200, None, 300)),
+            history(1, on(res, hold(1, "b", 10, 0, 150, 250, None, 350))),
+        ];
+        analyze(&config, &h, &[], &Cleanup::default(), &[], &[])
+    }
+
+    #[test]
+    fn a_token_is_unique_per_cluster_slot_not_per_run() {
+        // res-0 and fair-0 hash to different slots: their counters may meet (the cluster
+        // run's `lock` of res-0 and read of rw-0 both got token 1796182117094579).
+        assert_ne!(slot_of_name("res-0"), slot_of_name("fair-0"));
+        let report = equal_tokens(1, 1);
+        assert_eq!(report.count(FENCE_REUSED), 0, "{report}");
+        assert!(report.passed(), "{report}");
+        // Two names of one slot share its counter: one token twice is a violation.
+        let names = (0..10_000).map(|i| format!("res-{i}"));
+        let twin = names
+            .skip(1)
+            .position(|name| slot_of_name(&name) == slot_of_name("res-0"))
+            .map(|i| i as u32 + 1)
+            .expect("some res-<i> below 10,000 shares res-0's slot");
+        let report = equal_tokens(twin + 1, twin);
+        assert_eq!(report.count(FENCE_REUSED), 1, "{report}");
+        assert!(!report.passed());
+        // And so is one name (concurrent grants, so not an order violation).
+        let report = equal_tokens(1, 0);
+        assert_eq!(report.count(FENCE_REUSED), 1, "{report}");
+        assert_eq!(report.count(FENCE_ORDER), 0, "{report}");
     }
 
     #[test]

@@ -10,9 +10,10 @@
 //!
 //! Checked (each a line of the summary, with its count):
 //! - fence: the store never accepted a non-increasing token; every accepted token was granted;
-//!   no token was handed to two grants (of any locks: the counter is one per prefix); a grant
-//!   that began after another's reply on the same lock has the higher token, also across a
-//!   Redis restart;
+//!   no token was handed to two grants of names in one Redis Cluster slot (they share the
+//!   slot's counter, `P:{T}:fence`; names of different slots may be handed equal tokens); a
+//!   grant that began after another's reply on the same lock has the higher token, also across
+//!   a Redis restart;
 //! - exclusion: no two owners ever both believed (`is_held()`) they held one lock at one
 //!   instant, except right after Redis lost its data (counted apart, bounded by one lease);
 //!   nor did two tasks under one owner id (a guard handed to a spawned task while the first
@@ -35,8 +36,8 @@
 //!   its recovery passed; no operation stalled for 15 s with no fault nearby, none was still
 //!   waiting at the stop;
 //! - cleanup: after the clients stopped, no subscription, no registered waiter or hold, no key
-//!   without a TTL, and no key once every TTL ran out. The prefix's fencing counter
-//!   (`P:fence`) is not counted: it stays by design, to keep tokens increasing; nor are the
+//!   without a TTL, and no key once every TTL ran out. The slots' fencing counters
+//!   (`P:{T}:fence`) are not counted: they stay by design, to keep tokens increasing; nor are the
 //!   semaphores' hashes (their number of permits is configuration), where no permit may still
 //!   be leased and the counts must add up.
 //!
