@@ -105,6 +105,28 @@
 //! judged from what the line showed, never from when calls began or returned: a waiter whose
 //! entry lapsed under a fault may be passed, and shows a new arrival.
 //!
+//! The read/write lock has such a line too (one line of readers and writers in arrival
+//! order), read and judged the same way, but for readers: a reader may go in beside a
+//! reader ahead of it, so a grant is judged against every waiter ahead of it when either of
+//! the two is a writer.
+//!
+//! One way a live waiter leaves the line is not a lapse: its own grant, whose reply was lost
+//! (a command timeout under a slow link), rolled back in the background. The polls also read
+//! whether the waiter's owner holds the lock in Redis, and another owner's grant after such a
+//! rolled-back grant, while the waiter still waited, counts ([`rollback::LOST_GRANT`]; the
+//! orchestrator slows mostly the client first in a fair or read/write line, past its command
+//! timeout, to bring such replies about). (The semaphore's line is not read: a request's id
+//! is its permit's, which the client learns only with the grant.)
+//!
+//! # One name, one kind; count-down latches
+//!
+//! Acquires of another kind on a name in use by its own kind must be refused as `WrongKind`
+//! and change nothing ([`foreign`]: [`foreign::FOREIGN_GRANTED`],
+//! [`foreign::FOREIGN_NOT_REFUSED`], [`foreign::FOREIGN_CHANGED`]; the cleanup's
+//! [`SEMAPHORE_LEFT`] and [`LATCH_LEFT`]). Every waiter of a latch goes when its count
+//! reaches zero, also when the next round starts at once ([`latch`]:
+//! [`latch::LATCH_MISSED`]).
+//!
 //! # Read/write locks
 //!
 //! The overlap rule above, with readers allowed to share: two beliefs on one read/write lock
@@ -138,6 +160,10 @@
 //! rule (a waiter's permits being there is not provable from the history); the stall rule
 //! covers their waiters.
 
+mod foreign;
+mod latch;
+mod rollback;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
@@ -145,8 +171,8 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::history::{
-    read_client_histories, read_faults, ClientHistory, Event, Fault, FaultKind, Kind, ReleaseHow,
-    Side,
+    read_client_histories, read_faults, AskedAs, ClientHistory, Event, Fault, FaultKind, Kind,
+    LatchCall, ReleaseHow, Side,
 };
 use crate::run::{Cleanup, Layout, LockType, RunConfig};
 use crate::store::{Accepted, Refused, Store};
@@ -286,6 +312,19 @@ struct Op {
     floor: Option<FloorSeen>,
     /// A fair waiter's place in line, run by run ([`Event::Queued`]).
     queued: Vec<QueueRun>,
+    /// A fair or read/write waiter's owner seen holding the lock in Redis while its call was
+    /// under way ([`Event::HeldInRedis`]): (the grant ran after this, seen at, token).
+    held_in_redis: Vec<(i64, i64, u64)>,
+    /// A bounded wait's `wait`, in µs.
+    wait: Option<i64>,
+    /// A foreign-kind attempt: what it asked for ([`Event::Begin`]'s `foreign`); kept apart
+    /// from the other ops (`foreign::foreign_kind_check`).
+    foreign: Option<AskedAs>,
+    /// A latch call, and what it returned (`latch::latch_check`); kept apart too.
+    latch: Option<LatchCall>,
+    latch_value: Option<u64>,
+    /// After a foreign-kind attempt, the hash's PTTL (sent, answered, pttl).
+    after_foreign: Option<(i64, i64, i64)>,
 }
 
 /// What [`Event::Floor`] read: at some instant in [sent, answered], the owner had (or not) an
@@ -375,7 +414,7 @@ impl Op {
         let writer = match self.ty {
             LockType::Plain | LockType::Fair => true,
             LockType::ReadWrite => self.side == Some(Side::Write) && self.under.is_none(),
-            LockType::Semaphore => false,
+            LockType::Semaphore | LockType::Latch => false,
         };
         writer && self.kind != Kind::RunOnce
     }
@@ -393,6 +432,19 @@ impl Op {
 
     fn describe(&self) -> String {
         let (client, gen, op) = self.key;
+        if let Some(call) = self.latch {
+            let call = match call {
+                LatchCall::Set { count } => format!("try_set_count({count})"),
+                LatchCall::CountDown => "count_down()".into(),
+                LatchCall::Wait { timeout_ms } => format!("wait_for({timeout_ms} ms)"),
+                LatchCall::Count { .. } => "count()".into(),
+            };
+            let asked = self.foreign.map_or(String::new(), |_| " (foreign)".into());
+            return format!(
+                "client {client} gen {gen} op {op} ({call}{asked} on {}, returned {:?})",
+                self.lock, self.latch_value
+            );
+        }
         let grant = self.granted.as_ref();
         let what = match (self.side, self.under) {
             (Some(Side::Read), None) => " read".to_string(),
@@ -491,7 +543,9 @@ pub const RW_DOWNGRADE: &str =
 pub const SEMAPHORE_LIMIT: &str =
     "semaphore: more permits believed held at once than the semaphore has";
 pub const SEMAPHORE_DATA_LOSS: &str = "semaphore: over the number only after Redis lost its data";
-pub const SEMAPHORE_LEFT: &str = "cleanup: semaphore permits still leased, or counts not adding up";
+pub const SEMAPHORE_LEFT: &str =
+    "cleanup: semaphores with permits leased, counts off, a TTL or others' fields";
+pub const LATCH_LEFT: &str = "cleanup: latches left with anything but their count, or a TTL";
 pub const FAIR_ORDER: &str =
     "fair: acquires granted past a waiter that was in line ahead of them all along";
 pub const STUCK: &str = "liveness: waiters that never progressed after faults healed";
@@ -558,6 +612,9 @@ pub fn analyze(
     // When `try_set_permits` found a semaphore without its number: whether an op's own call
     // set it (else the ticker's).
     let mut permits_set: Vec<bool> = Vec::new();
+    // (semaphore, when its number was set): its hash is there from then on, until Redis loses
+    // its data.
+    let mut permits_set_at: Vec<(u32, i64)> = Vec::new();
     let mut drained = HashSet::new();
     let mut local_left = 0;
     let mut torn = 0;
@@ -580,8 +637,9 @@ pub fn analyze(
                     ));
                 }
             }
-            if let Event::PermitsSet { op, .. } = event {
+            if let Event::PermitsSet { op, t, res } = event {
                 permits_set.push(op.is_some());
+                permits_set_at.push((*res, *t));
             }
             let Some(op) = event.op() else { continue };
             let key = (history.client, history.gen, op);
@@ -594,6 +652,9 @@ pub fn analyze(
                 side,
                 permits,
                 under,
+                foreign,
+                latch,
+                wait_ms,
                 ..
             } = event
             {
@@ -624,6 +685,12 @@ pub fn analyze(
                         under_held: None,
                         floor: None,
                         queued: Vec::new(),
+                        held_in_redis: Vec::new(),
+                        foreign: *foreign,
+                        latch: *latch,
+                        wait: wait_ms.map(|ms| ms as i64 * 1000),
+                        latch_value: None,
+                        after_foreign: None,
                     },
                 );
                 continue;
@@ -683,6 +750,16 @@ pub fn analyze(
                     last: *last,
                 }),
                 Event::UnderHeld { held, .. } => entry.under_held = Some(*held),
+                Event::LatchReturned { t, value, .. } => {
+                    entry.ended = Some(*t);
+                    entry.latch_value = Some(*value);
+                }
+                Event::AfterForeign {
+                    t, answered, pttl, ..
+                } => entry.after_foreign = Some((*t, *answered, *pttl)),
+                Event::HeldInRedis {
+                    t, since, token, ..
+                } => entry.held_in_redis.push((*since, *t, *token)),
                 Event::Begin { .. }
                 | Event::Start { .. }
                 | Event::Drained { .. }
@@ -691,7 +768,13 @@ pub fn analyze(
         }
     }
 
-    operations(&mut report, &ops, accepted, refused);
+    // Foreign-kind attempts and latch calls have rules of their own; every other rule judges
+    // the ops of each name's own kind.
+    let (foreign_ops, ops): (BTreeMap<OpKey, Op>, BTreeMap<OpKey, Op>) =
+        ops.into_iter().partition(|(_, o)| o.foreign.is_some());
+    let (latch_ops, ops): (BTreeMap<OpKey, Op>, BTreeMap<OpKey, Op>) =
+        ops.into_iter().partition(|(_, o)| o.latch.is_some());
+    operations(&mut report, &ops, &latch_ops, accepted, refused);
     for &kind in FaultKind::of_run(config.cluster) {
         report.faults.push((
             kind.name(),
@@ -736,9 +819,14 @@ pub fn analyze(
         &labels,
     );
     liveness_check(&mut report, config, &ops, faults, &drained);
-    free_lock_check(&mut report, config, &ops, faults);
+    let foreign_holds = foreign::foreign_holds(&foreign_ops, config);
+    free_lock_check(&mut report, config, &ops, faults, &foreign_holds);
     orphan_check(&mut report, config, &ops);
     fair_order_check(&mut report, &ops);
+    rollback::lost_grant_check(&mut report, config, &ops, faults, &losses);
+    latch::latch_check(&mut report, &latch_ops, faults);
+    let there = foreign::NativeThere::new(&ops, &latch_ops, &permits_set_at, &losses);
+    foreign::foreign_kind_check(&mut report, config, &foreign_ops, &ops, &latch_ops, &there);
 
     report.checks.push(CheckLine {
         name: KEYS_LEFT,
@@ -783,6 +871,17 @@ pub fn analyze(
         ),
     });
     report.samples.extend(semaphore_problems);
+    let latch_problems: Vec<String> = cleanup.latches.iter().flat_map(|l| l.problems()).collect();
+    report.checks.push(CheckLine {
+        name: LATCH_LEFT,
+        count: latch_problems.len(),
+        must_be_zero: true,
+        note: format!(
+            "kept by design: {} latch keys (a count not yet counted down has no TTL)",
+            cleanup.latch_keys.len()
+        ),
+    });
+    report.samples.extend(latch_problems);
     report
         .checks
         .push(CheckLine::must_be_zero(CRASHED, cleanup.crashed.len()));
@@ -806,6 +905,7 @@ pub fn analyze(
 fn operations(
     report: &mut Report,
     ops: &BTreeMap<OpKey, Op>,
+    latch_ops: &BTreeMap<OpKey, Op>,
     accepted: &[Accepted],
     refused: &[Refused],
 ) {
@@ -879,7 +979,7 @@ fn operations(
         "permission_denied",
     ];
     let mut unexplained = Vec::new();
-    for op in ops.values() {
+    for op in ops.values().chain(latch_ops.values()) {
         let acquire = op.failed.as_deref();
         let release = op.released.as_ref().map(|(_, _, outcome)| outcome.as_str());
         for error in [acquire, release].into_iter().flatten() {
@@ -1648,25 +1748,45 @@ fn orphan_check(report: &mut Report, config: &RunConfig, ops: &BTreeMap<OpKey, O
 /// the run shows). A grant of `b`'s owner through an orphaned hold needs such a grant first;
 /// one through its earlier entry or hold is what the floor rules out (those acquires are
 /// counted, not judged).
+///
+/// On a read/write lock's line the same holds between a writer and anyone, one of them
+/// ahead: a writer enters only first in line, and a reader only with no writer waiting
+/// before it (`docs/read-write-lock.md`); two readers are not judged.
 fn fair_order_check(report: &mut Report, ops: &BTreeMap<OpKey, Op>) {
     let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
-    for op in ops.values().filter(|o| o.fair) {
+    for op in ops
+        .values()
+        .filter(|o| o.fair || o.ty == LockType::ReadWrite)
+    {
         by_res.entry(op.res).or_default().push(op);
     }
     let mut stats = FairStats::default();
-    let mut past = 0;
+    let (mut past, mut rw_judged) = (0, 0);
     for lock in by_res.values() {
         for b in lock {
-            stats.op(b, lock);
+            if b.fair {
+                stats.op(b, lock);
+            }
             let (Some(floor), Some(grant)) = (b.floor, b.granted.as_ref()) else {
                 continue;
             };
             if !floor.clean() {
                 continue;
             }
-            stats.judged_grants += 1;
+            if b.fair {
+                stats.judged_grants += 1;
+            } else {
+                rw_judged += 1;
+            }
             let mut overtaken = None;
-            for a in lock.iter().filter(|a| a.owner_key() != b.owner_key()) {
+            // Readers in line may go in together: a reader is judged only against writers ahead
+            // of it, a writer against everyone ahead.
+            let both_read = |a: &&&Op| a.side == Some(Side::Read) && b.side == Some(Side::Read);
+            for a in lock
+                .iter()
+                .filter(|a| a.owner_key() != b.owner_key())
+                .filter(|a| !both_read(a))
+            {
                 // Of `a`'s runs in line before `b`'s floor, the one seen last; a pair counts when
                 // it was still seen after the floor (`a` was in line when `b` began).
                 let Some(run) = a
@@ -1712,9 +1832,10 @@ fn fair_order_check(report: &mut Report, ops: &BTreeMap<OpKey, Op>) {
         count: past,
         must_be_zero: true,
         note: format!(
-            "{} grants judged against the {} waiters in line when they began; not judged: {} whose \
-             owner already had an entry ({} of them from an earlier wait, not a joined op), {} \
-             a hold, {} a turn at the lock, {} whose owner's state could not be read",
+            "{} grants judged against the {} waiters in line when they began (and {rw_judged} on \
+             read/write locks); not judged: {} whose owner already had an entry ({} of them from \
+             an earlier wait, not a joined op), {} a hold, {} a turn at the lock, {} whose \
+             owner's state could not be read",
             stats.judged_grants,
             stats.pairs,
             stats.entry,
@@ -1888,6 +2009,8 @@ struct LockOps<'a> {
     /// (see [`hidden_grants`]), or, on a fair lock, its place in line may have held the others
     /// up ([`line_holds`]).
     hidden: Vec<Vec<(i64, i64)>>,
+    /// When a foreign-kind attempt may have taken the lock's name (`foreign::foreign_holds`).
+    foreign: Vec<(i64, i64)>,
 }
 
 /// When `op`'s acquire may have taken the lock without a `Granted` event dating it, as windows
@@ -2096,6 +2219,11 @@ fn free_stretch<'a>(free: &FreeFrom<'_>, lock: &LockOps<'a>) -> Option<FreeStret
             }
         }
     }
+    for &(from, to) in &lock.foreign {
+        if to >= free.since {
+            stretch.hidden = stretch.hidden.min(from.max(free.at));
+        }
+    }
     Some(stretch)
 }
 
@@ -2234,7 +2362,10 @@ fn lock_ops<'a>(
         .collect();
     let mut by_res: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
     let mut by_task: TaskOps<'a> = HashMap::new();
-    for op in ops.values().filter(|o| o.ty != LockType::Semaphore) {
+    for op in ops
+        .values()
+        .filter(|o| !matches!(o.ty, LockType::Semaphore | LockType::Latch))
+    {
         let (client, gen, _) = op.key;
         by_res.entry(op.res).or_default().push(op);
         by_task
@@ -2257,7 +2388,11 @@ fn lock_ops<'a>(
                     windows
                 })
                 .collect();
-            LockOps { ops, hidden }
+            LockOps {
+                ops,
+                hidden,
+                foreign: Vec::new(),
+            }
         })
         .collect();
     (locks, by_task)
@@ -2272,10 +2407,17 @@ fn free_lock_check(
     config: &RunConfig,
     ops: &BTreeMap<OpKey, Op>,
     faults: &[Fault],
+    foreign_holds: &BTreeMap<u32, Vec<(i64, i64)>>,
 ) {
     let mut faults = faults.to_vec();
     faults.sort_by_key(|f| f.start);
-    let (locks, by_task) = lock_ops(ops, &faults, config);
+    let (mut locks, by_task) = lock_ops(ops, &faults, config);
+    // Foreign-kind attempts that may have taken a lock's name: holds the history cannot date.
+    for lock in &mut locks {
+        if let Some(windows) = lock.ops.first().and_then(|o| foreign_holds.get(&o.res)) {
+            lock.foreign = windows.clone();
+        }
+    }
     let mut stats = FreeLockStats::default();
     let mut stuck: HashSet<OpKey> = HashSet::new();
     for lock in &locks {
@@ -2388,12 +2530,12 @@ impl fmt::Display for Report {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::time::Duration;
 
     use super::*;
 
-    fn config() -> RunConfig {
+    pub(super) fn config() -> RunConfig {
         RunConfig {
             duration: Duration::from_secs(10),
             clients: 2,
@@ -2409,6 +2551,10 @@ mod tests {
             sem_resources: 1,
             sem_percent: 20,
             sem_permits: 3,
+            // res 4: the latch latch-0.
+            latch_resources: 1,
+            latch_percent: 10,
+            foreign_percent: 4,
             lease: Duration::from_secs(1),
             command_timeout: Duration::from_millis(500),
             ignore_lease: false,
@@ -2422,7 +2568,7 @@ mod tests {
     /// A hold of `owner` on res-0: begins at `begin`, granted at `granted`, believed until
     /// `held_until`, a false check at `lost` (if any), released at `released`.
     #[allow(clippy::too_many_arguments)] // reason: a test fixture that spells out one hold
-    fn hold(
+    pub(super) fn hold(
         op: u64,
         owner: &str,
         token: u64,
@@ -2443,6 +2589,9 @@ mod tests {
                 side: None,
                 permits: None,
                 under: None,
+                foreign: None,
+                latch: None,
+                wait_ms: None,
             },
             Event::Granted {
                 t: granted,
@@ -2475,7 +2624,7 @@ mod tests {
         events
     }
 
-    fn history(client: u32, events: Vec<Event>) -> ClientHistory {
+    pub(super) fn history(client: u32, events: Vec<Event>) -> ClientHistory {
         let mut all = events;
         all.push(Event::Drained {
             t: 1_000_000_000,
@@ -2491,7 +2640,11 @@ mod tests {
         }
     }
 
-    fn run(histories: &[ClientHistory], faults: &[Fault], accepted: &[Accepted]) -> Report {
+    pub(super) fn run(
+        histories: &[ClientHistory],
+        faults: &[Fault],
+        accepted: &[Accepted],
+    ) -> Report {
         analyze(
             &config(),
             histories,
@@ -2794,6 +2947,9 @@ mod tests {
                 side: None,
                 permits: None,
                 under: None,
+                foreign: None,
+                latch: None,
+                wait_ms: None,
             }],
         );
         h.events.insert(
@@ -2816,6 +2972,9 @@ mod tests {
                 side: None,
                 permits: None,
                 under: None,
+                foreign: None,
+                latch: None,
+                wait_ms: None,
             },
             Event::NotGranted {
                 t: STALL_BOUND_US + 30_000_000,
@@ -2856,6 +3015,9 @@ mod tests {
                 side: None,
                 permits: None,
                 under: None,
+                foreign: None,
+                latch: None,
+                wait_ms: None,
             },
             Event::Failed {
                 t: 400,
@@ -2882,7 +3044,7 @@ mod tests {
 
     /// A `lock()` on res-0 that begins at `begin` and is granted (a first hold of `owner`) at
     /// `granted`, then released at once.
-    fn waiter(op: u64, owner: &str, token: u64, begin: i64, granted: i64) -> Vec<Event> {
+    pub(super) fn waiter(op: u64, owner: &str, token: u64, begin: i64, granted: i64) -> Vec<Event> {
         hold(
             op,
             owner,
@@ -2903,7 +3065,7 @@ mod tests {
         }
     }
 
-    fn fault(kind: FaultKind, client: Option<u32>, start: i64, end: i64) -> Fault {
+    pub(super) fn fault(kind: FaultKind, client: Option<u32>, start: i64, end: i64) -> Fault {
         Fault {
             kind,
             client,
@@ -2940,6 +3102,9 @@ mod tests {
                 side: None,
                 permits: None,
                 under: None,
+                foreign: None,
+                latch: None,
+                wait_ms: None,
             },
             Event::NotGranted { t: 601_000, op: 1 },
         ];
@@ -3111,10 +3276,10 @@ mod tests {
     }
 
     /// The fair lock of [`config`].
-    const FAIR: u32 = 1;
+    pub(super) const FAIR: u32 = 1;
 
     /// `events` moved to lock `res`.
-    fn on(res: u32, mut events: Vec<Event>) -> Vec<Event> {
+    pub(super) fn on(res: u32, mut events: Vec<Event>) -> Vec<Event> {
         for event in &mut events {
             if let Event::Begin { res: r, .. } = event {
                 *r = res;
@@ -3124,7 +3289,7 @@ mod tests {
     }
 
     /// A fair op's floor, read at `t` (just before its `Begin`), found nothing of its owner's.
-    fn clean_floor(op: u64, t: i64) -> Event {
+    pub(super) fn clean_floor(op: u64, t: i64) -> Event {
         Event::Floor {
             t,
             op,
@@ -3136,7 +3301,7 @@ mod tests {
     }
 
     /// A run of polls that found `op`'s owner in line with `arrival` from `first` to `last`.
-    fn queued(op: u64, arrival: i64, first: i64, last: i64) -> Event {
+    pub(super) fn queued(op: u64, arrival: i64, first: i64, last: i64) -> Event {
         Event::Queued {
             t: first,
             op,
@@ -3258,6 +3423,85 @@ mod tests {
         assert_eq!(run(&h, &[], &[]).count(FAIR_ORDER), 0);
     }
 
+    /// On the read/write lock: a `a_side` waiter queued from 10 ms (its entry still in line at
+    /// 900.9 ms) and a `b_side` acquire that began at 20 ms, its floor clean, granted at 900.5
+    /// ms, past it.
+    fn rw_line(a_side: Side, b_side: Side) -> Vec<ClientHistory> {
+        let mut a = rw(a_side, None, waiter(1, "a", 11, 5_000, 950_000));
+        a.insert(1, clean_floor(1, 4_900));
+        a.insert(2, queued(1, 2_000_021, 10_000, 900_900));
+        let mut b = rw(b_side, None, waiter(1, "b", 12, 20_100, 900_500));
+        b.insert(1, clean_floor(1, 20_000));
+        vec![history(1, a), history(2, b)]
+    }
+
+    #[test]
+    fn the_read_write_lines_order_is_judged_but_readers_share() {
+        for (a, b) in [
+            (Side::Write, Side::Read),
+            (Side::Read, Side::Write),
+            (Side::Write, Side::Write),
+        ] {
+            let report = run(&rw_line(a, b), &[], &[]);
+            assert_eq!(report.count(FAIR_ORDER), 1, "{a:?} then {b:?}: {report}");
+        }
+        // A reader may go in beside a reader ahead of it.
+        let report = run(&rw_line(Side::Read, Side::Read), &[], &[]);
+        assert_eq!(report.count(FAIR_ORDER), 0, "{report}");
+    }
+
+    #[test]
+    fn a_semaphore_or_latch_left_with_another_kinds_marks_fails_the_cleanup() {
+        let semaphore = |pttl, other: &[&str], permits| crate::run::SemaphoreLeft {
+            name: "chaos:{sem-0}".into(),
+            permits: Some(permits),
+            pttl: Some(pttl),
+            other_fields: other.iter().map(|f| f.to_string()).collect(),
+            expected_permits: Some(3),
+            ..Default::default()
+        };
+        let latch = |fields: &[(&str, &str)], pttl| crate::run::LatchLeft {
+            name: "chaos:{latch-0}".into(),
+            fields: fields
+                .iter()
+                .map(|(f, v)| (f.to_string(), v.to_string()))
+                .collect(),
+            pttl,
+        };
+        let check = |s, l| {
+            let cleanup = Cleanup {
+                semaphores: vec![s],
+                latches: vec![l],
+                ..Cleanup::default()
+            };
+            analyze(&config(), &[], &[], &cleanup, &[], &[])
+        };
+        let counting = || latch(&[("~latch", "2")], -1);
+        assert!(check(semaphore(-1, &[], 3), counting()).passed());
+        // A TTL (a read/write lock's prune put one there), a lock's field, the number gone.
+        assert_eq!(
+            check(semaphore(800, &[], 3), counting()).count(SEMAPHORE_LEFT),
+            1
+        );
+        let fields = ["~mode", "x:o1"];
+        assert_eq!(
+            check(semaphore(-1, &fields, 3), counting()).count(SEMAPHORE_LEFT),
+            2
+        );
+        assert_eq!(
+            check(semaphore(-1, &[], 0), counting()).count(SEMAPHORE_LEFT),
+            1
+        );
+        // A latch's hash with a lock's field or a TTL.
+        let report = check(
+            semaphore(-1, &[], 3),
+            latch(&[("~latch", "2"), ("x:o1", "1")], -1),
+        );
+        assert_eq!(report.count(LATCH_LEFT), 1, "{report}");
+        let report = check(semaphore(-1, &[], 3), latch(&[("~latch", "2")], 700));
+        assert_eq!(report.count(LATCH_LEFT), 1, "{report}");
+    }
+
     /// a unlocks the fair lock at 1 ms; k, a waiter queued before, was killed at -600 ms (its
     /// entry stays in line until it lapses, a lease later, and the turn is reserved for it);
     /// w, waiting since 0.5 ms, gets the lock at 1.2 s.
@@ -3273,6 +3517,9 @@ mod tests {
             side: None,
             permits: None,
             under: None,
+            foreign: None,
+            latch: None,
+            wait_ms: None,
         }];
         let k = ClientHistory {
             client: 2,
@@ -3296,11 +3543,11 @@ mod tests {
     }
 
     /// The read/write lock and the semaphore of [`config`].
-    const RW: u32 = 2;
-    const SEM: u32 = 3;
+    pub(super) const RW: u32 = 2;
+    pub(super) const SEM: u32 = 3;
 
     /// `events` made an op on the read/write lock for `side`, asked under op `under` if any.
-    fn rw(side: Side, under: Option<u64>, events: Vec<Event>) -> Vec<Event> {
+    pub(super) fn rw(side: Side, under: Option<u64>, events: Vec<Event>) -> Vec<Event> {
         let mut events = on(RW, events);
         for event in &mut events {
             if let Event::Begin {
@@ -3314,7 +3561,7 @@ mod tests {
     }
 
     /// `events` made an acquisition of `permits` permits of the semaphore.
-    fn sem(permits: u32, events: Vec<Event>) -> Vec<Event> {
+    pub(super) fn sem(permits: u32, events: Vec<Event>) -> Vec<Event> {
         let mut events = on(SEM, events);
         for event in &mut events {
             if let Event::Begin { permits: p, .. } = event {
@@ -3480,6 +3727,9 @@ mod tests {
                     side: None,
                     permits: None,
                     under: None,
+                    foreign: None,
+                    latch: None,
+                    wait_ms: None,
                 },
                 under_held(2, 600, held),
                 outcome,
@@ -3532,6 +3782,9 @@ mod tests {
                         side: None,
                         permits: None,
                         under: None,
+                        foreign: None,
+                        latch: None,
+                        wait_ms: None,
                     },
                     under_held(2, 600, held),
                     Event::NotGranted { t: 600, op: 2 },
@@ -3691,6 +3944,7 @@ mod tests {
             used: 2,
             held: vec![("x:o1".into(), 2, lease_left)],
             leases_without_permits: 0,
+            ..Default::default()
         };
         let check = |semaphore| {
             let cleanup = Cleanup {

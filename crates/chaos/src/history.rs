@@ -84,6 +84,64 @@ pub enum Side {
     Write,
 }
 
+/// What a foreign-kind attempt asked for (`Begin::foreign`): an acquire of another kind than
+/// the name's own, on a name in use by its own kind. The library must refuse it
+/// (`LockError::WrongKind`) and write nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AskedAs {
+    /// `client.lock(name)`.
+    Lock,
+    /// `client.fair_lock(name)`.
+    FairLock,
+    /// `client.rw_lock(name).read()`.
+    Read,
+    /// `client.rw_lock(name).write()`.
+    Write,
+    /// `client.semaphore(name)`, one permit.
+    Semaphore,
+    /// `client.latch(name)`: `try_set_count` (a try) or `wait_for` (a bounded wait).
+    Latch,
+}
+
+impl AskedAs {
+    pub const ALL: [AskedAs; 6] = [
+        AskedAs::Lock,
+        AskedAs::FairLock,
+        AskedAs::Read,
+        AskedAs::Write,
+        AskedAs::Semaphore,
+        AskedAs::Latch,
+    ];
+
+    /// The kind's name as `LockError::WrongKind` says it (`held_as`, `asked_as`).
+    pub fn kind_name(self) -> &'static str {
+        match self {
+            AskedAs::Lock | AskedAs::FairLock => "lock",
+            AskedAs::Read | AskedAs::Write => "read/write lock",
+            AskedAs::Semaphore => "semaphore",
+            AskedAs::Latch => "count-down latch",
+        }
+    }
+}
+
+/// A count-down latch call (`Begin::latch`); its outcome is [`Event::LatchReturned`] (or
+/// `Failed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LatchCall {
+    /// `try_set_count(count)`: returns 1 when it set the count (the latch was open), 0 when
+    /// the latch was counting down.
+    Set { count: u64 },
+    /// `count_down()`: returns the count left (0: it opened the latch, or the latch was open).
+    CountDown,
+    /// `wait_for(timeout)`: returns 1 when the latch opened, 0 at the timeout.
+    Wait { timeout_ms: u64 },
+    /// `count()`, read by a waiting party while its `wait_for` (op `of`) was under way:
+    /// returns the count.
+    Count { of: u64 },
+}
+
 /// How a hold ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -126,6 +184,18 @@ pub enum Event {
         permits: Option<u32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         under: Option<u64>,
+        /// A foreign-kind attempt: what it asked for on resource `res`, a name of another kind
+        /// ([`AskedAs`]). Its outcome is `Granted` (then released at once), `NotGranted` or
+        /// `Failed`; for a latch call, [`Event::LatchReturned`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        foreign: Option<AskedAs>,
+        /// A count-down latch call ([`LatchCall`]), on a latch (`latch-<i>`) or, with
+        /// `foreign`, on a name of another kind.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        latch: Option<LatchCall>,
+        /// A bounded wait's `wait` (`try_lock_for` and its lease form), in ms.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
     },
     /// The acquire returned a hold (taken after the call returned). `token` is `None` for
     /// `run_once`, which exposes no guard; `hold_count` > 1 is a re-entry of a hold this owner
@@ -204,6 +274,32 @@ pub enum Event {
     /// `try_set_permits` set semaphore `res`'s number of permits (it found none: the run's
     /// first, or Redis lost its data since); `op` when an op's own call set it.
     PermitsSet { t: i64, res: u32, op: Option<u64> },
+    /// A latch call (`Begin::latch`) returned `value` (see [`LatchCall`]); taken after the call
+    /// returned.
+    LatchReturned { t: i64, op: u64, value: u64 },
+    /// Right after a foreign-kind attempt on a semaphore's or a latch's name returned, the
+    /// name's hash as Redis had it (read on the client's own connection straight to Redis,
+    /// sent at `t`, answered at `answered`): its `PTTL` (-1: no TTL, as a semaphore's and a
+    /// counting latch's hash must be; -2: no key).
+    AfterForeign {
+        t: i64,
+        op: u64,
+        answered: i64,
+        pttl: i64,
+    },
+    /// A fair or read/write waiter's owner seen holding the lock in Redis (its field in the
+    /// hash) while its acquire was still under way, by the polls that watch its place in line
+    /// (`Queued`): one event per grant seen (by `token`, the grant's fencing token), `t` when
+    /// the first poll that found it was sent, `answered` when it was answered, `since` when
+    /// the last poll before it that found no hold was sent (the grant ran after it; the
+    /// call's begin when there was none). Recorded after the call.
+    HeldInRedis {
+        t: i64,
+        op: u64,
+        answered: i64,
+        since: i64,
+        token: u64,
+    },
     /// Every task stopped; what the client still had registered locally afterwards.
     Drained {
         t: i64,
@@ -227,7 +323,10 @@ impl Event {
             | Event::Abandoned { op, .. }
             | Event::Floor { op, .. }
             | Event::Queued { op, .. }
-            | Event::UnderHeld { op, .. } => Some(*op),
+            | Event::UnderHeld { op, .. }
+            | Event::LatchReturned { op, .. }
+            | Event::AfterForeign { op, .. }
+            | Event::HeldInRedis { op, .. } => Some(*op),
             Event::Start { .. } | Event::Drained { .. } | Event::PermitsSet { .. } => None,
         }
     }

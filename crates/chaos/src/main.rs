@@ -30,7 +30,20 @@
 //!   lost its data (counted apart, bounded by one lease);
 //! - fair: on the fair locks (`--fair-percent` of the ops), no acquire was granted while a
 //!   waiter that was in line before it began was still in line with the same arrival (the
-//!   clients read the lines on a connection of their own, straight to Redis);
+//!   clients read the lines on a connection of their own, straight to Redis); on the
+//!   read/write locks' lines too, but between two readers; and no waiter was passed after its
+//!   own grant, whose reply was lost, was rolled back (slow links past the command timeout,
+//!   mostly on the client first in line, bring such replies about);
+//! - kinds: now and then (`--foreign-percent`) an acquire of another kind (plain or fair lock,
+//!   either side of a read/write lock, a permit, a latch's `try_set_count` or `wait_for`) on a
+//!   name in use by its own kind: where the history proves that kind there all along, it must
+//!   be refused with `WrongKind`, never granted nor answered otherwise, and it must leave the
+//!   name's state alone (no TTL on a semaphore's or a latch's hash, the name's own calls not
+//!   refused as another kind, and at the end a semaphore's hash with its number and only its
+//!   own fields, a latch's with only its count);
+//! - latches (`--latch-percent` of the ops, `latch-<i>`): rounds of a count set, counted down
+//!   and waited for from several clients, the next round often set at once by the party that
+//!   opened the latch; a wait that was waiting when the latch opened must come back true;
 //! - liveness: every waiter got a lock the history proves free within 225 ms (the 25 ms turn
 //!   grace + 200 ms), or within that after a fault on its client (or on all) had healed and
 //!   its recovery passed; no operation stalled for 15 s with no fault nearby, none was still
@@ -39,7 +52,8 @@
 //!   without a TTL, and no key once every TTL ran out. The slots' fencing counters
 //!   (`P:{T}:fence`) are not counted: they stay by design, to keep tokens increasing; nor are the
 //!   semaphores' hashes (their number of permits is configuration), where no permit may still
-//!   be leased and the counts must add up.
+//!   be leased, the counts must add up, and there must be no TTL and no other kind's field;
+//!   nor the latches still counting down, whose hash must hold only its count, with no TTL.
 //!
 //! RedLock mode (`run --redlock N`, issue 17): N independent redis-servers, each client
 //! process one `LockClient` per server through proxies of its own and one `RedLock` over them,
@@ -163,6 +177,17 @@ enum Cmd {
         /// Each semaphore's number of permits (ops take 1 or 2).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..))]
         sem_permits: u32,
+        /// Count-down latches shared by all clients (`client.latch`).
+        #[arg(long, default_value_t = 1)]
+        latch_resources: u32,
+        /// The share of operations on a latch, in percent (taken after the semaphores' share):
+        /// rounds of a count set, counted down and waited for by several clients.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=100))]
+        latch_percent: u64,
+        /// The share of operations that are a foreign-kind attempt, in percent: an acquire of
+        /// another kind on a name in use by its own kind, which must be refused.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(0..=100))]
+        foreign_percent: u64,
         /// Watchdog lease of watched holds.
         #[arg(long, default_value = "1s", value_parser = parse_duration)]
         lease: Duration,
@@ -229,6 +254,12 @@ enum Cmd {
         sem_percent: u64,
         #[arg(long)]
         sem_permits: u32,
+        #[arg(long)]
+        latch_resources: u32,
+        #[arg(long)]
+        latch_percent: u64,
+        #[arg(long)]
+        foreign_percent: u64,
         /// Redis itself, not the client's proxy: the client's own look at the fair locks.
         #[arg(long)]
         redis_addr: std::net::SocketAddr,
@@ -322,6 +353,9 @@ fn main() -> ExitCode {
             sem_resources,
             sem_percent,
             sem_permits,
+            latch_resources,
+            latch_percent,
+            foreign_percent,
             lease,
             command_timeout,
             out,
@@ -345,6 +379,13 @@ fn main() -> ExitCode {
                 sem_resources,
                 sem_percent: if sem_resources == 0 { 0 } else { sem_percent },
                 sem_permits,
+                latch_resources,
+                latch_percent: if latch_resources == 0 {
+                    0
+                } else {
+                    latch_percent
+                },
+                foreign_percent,
                 lease,
                 command_timeout,
                 ignore_lease,
@@ -375,6 +416,9 @@ fn main() -> ExitCode {
             sem_resources,
             sem_percent,
             sem_permits,
+            latch_resources,
+            latch_percent,
+            foreign_percent,
             redis_addr,
             lease_ms,
             command_timeout_ms,
@@ -402,6 +446,9 @@ fn main() -> ExitCode {
                     sem_resources,
                     sem_percent,
                     sem_permits,
+                    latch_resources,
+                    latch_percent,
+                    foreign_percent,
                     redis_addr,
                     lease: Duration::from_millis(lease_ms),
                     command_timeout: Duration::from_millis(command_timeout_ms),

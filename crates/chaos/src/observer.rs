@@ -13,15 +13,18 @@
 //! What it reads (see `checker::fair_order_check` for how it is used):
 //! - [`Observer::floor`], just before a fair acquire: whether the owner already had a place in
 //!   the line, held the lock, or had a turn reserved;
-//! - [`Observer::arrival`], polled while a fair acquire waits: the owner's entry's score (its
-//!   arrival, server microseconds) or nothing.
+//! - [`Observer::watch`], polled while a fair or read/write acquire waits: the owner's entry's
+//!   score (its arrival, server microseconds) or nothing, and the token of a grant it holds in
+//!   Redis (granted there, though its call has not returned);
+//! - [`Observer::pttl`], right after a foreign-kind attempt on a semaphore's or latch's name:
+//!   whether its hash got a TTL.
 
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use leasehold_core::LockKeys;
+use leasehold_core::{protocol, LockKeys};
 use leasehold_testkit::resp::{encode_command, read_value};
 use leasehold_testkit::RespValue;
 use tokio::sync::oneshot;
@@ -35,13 +38,31 @@ const TIMEOUT: Duration = Duration::from_millis(250);
 /// commands timing out).
 const FLOOR_WAIT: Duration = Duration::from_millis(300);
 
-/// The owner's state at a fair lock, read atomically (one script). The turn field is the fair
-/// scripts' `@TURN@<owner>` (`scripts/fair/hand_on.lua`).
+/// The owner's state at a fair or read/write lock, read atomically (one script): an entry in
+/// the line, a hold (a fair lock's or writer's `<owner>` field, a reader's `~r:<owner>`), a
+/// turn reserved (`~turn:<owner>`, `scripts/fair/hand_on.lua`). ARGV[2] and ARGV[3] are the
+/// fields' prefixes ([`leasehold_core::protocol`]: the scripts' `@READ@` and `@TURN@` are
+/// filled in when the library loads them, so the text here must be the real one).
 const FLOOR_SCRIPT: &str = "\
 local entry = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
-local held = redis.call('HEXISTS', KEYS[2], ARGV[1])
-local turn = redis.call('HEXISTS', KEYS[2], '@TURN@' .. ARGV[1])
+local held = math.max(redis.call('HEXISTS', KEYS[2], ARGV[1]),
+  redis.call('HEXISTS', KEYS[2], ARGV[2] .. ARGV[1]))
+local turn = redis.call('HEXISTS', KEYS[2], ARGV[3] .. ARGV[1])
 return {entry, held, turn}";
+
+/// A waiter's place in line and its hold, read atomically: its entry's score (or false) and,
+/// when it holds the lock in Redis, that grant's token: `~fence` for a fair lock's or a
+/// writer's hold (`<owner>` field), `~rf:<owner>` for a reader's (`~r:<owner>`). ARGV[2..4]:
+/// the fence field and the read and read-fence prefixes.
+const WATCH_SCRIPT: &str = "\
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local token = false
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  token = redis.call('HGET', KEYS[2], ARGV[2])
+elseif redis.call('HEXISTS', KEYS[2], ARGV[3] .. ARGV[1]) == 1 then
+  token = redis.call('HGET', KEYS[2], ARGV[4] .. ARGV[1])
+end
+return {score or false, token or false}";
 
 /// The checker's self-test (`--cut-in-line`): puts the owner at the head of a non-empty line,
 /// with an entry as a waiter's try makes it (arrival, deadline a lease away).
@@ -67,6 +88,14 @@ pub struct Answer<T> {
     pub value: T,
     /// Taken after the reply was read.
     pub received: i64,
+}
+
+/// What [`Observer::watch`] read: the owner's entry's score (its arrival), and the token of
+/// the grant it holds in Redis, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watched {
+    pub arrival: Option<i64>,
+    pub token: Option<u64>,
 }
 
 /// What [`Observer::floor`] read.
@@ -124,6 +153,8 @@ impl Observer {
             &keys.waiters(),
             keys.hash(),
             owner,
+            protocol::READ_FIELD_PREFIX,
+            protocol::TURN_FIELD_PREFIX,
         ];
         let ask = self.ask(args.map(str::to_string).to_vec());
         let answer = tokio::time::timeout(FLOOR_WAIT, ask).await.ok()??;
@@ -159,16 +190,41 @@ impl Observer {
         let _ = self.ask(args.map(str::to_string).to_vec()).await;
     }
 
-    /// `owner`'s arrival in the line of the fair lock `keys` (`ZSCORE`): `Some(None)` when it
-    /// has no entry.
-    pub async fn arrival(&self, keys: &LockKeys, owner: &str) -> Option<Answer<Option<i64>>> {
-        let args = vec!["ZSCORE".to_string(), keys.waiters(), owner.to_string()];
-        let answer = self.ask(args).await?;
-        let value = match &answer.value {
-            RespValue::Nil => None,
-            // Scores are whole microseconds, below 2^53: exact as a double.
-            value => Some(value.as_str()?.parse::<f64>().ok()? as i64),
+    /// `owner`'s place in the line of the fair or read/write lock `keys` and its hold there,
+    /// read in one script ([`Watched`]).
+    pub async fn watch(&self, keys: &LockKeys, owner: &str) -> Option<Answer<Watched>> {
+        let args = [
+            "EVAL",
+            WATCH_SCRIPT,
+            "2",
+            &keys.waiters(),
+            keys.hash(),
+            owner,
+            protocol::FENCE_FIELD,
+            protocol::READ_FIELD_PREFIX,
+            protocol::READ_FENCE_FIELD_PREFIX,
+        ];
+        let answer = self.ask(args.map(str::to_string).to_vec()).await?;
+        let items = answer.value.as_array()?;
+        let number = |value: &RespValue| match value {
+            RespValue::Nil => Some(None),
+            // Scores are whole microseconds (a read/write lock's: twice that, + 1 for a
+            // writer), below 2^53: exact as a double.
+            value => Some(Some(value.as_str()?.parse::<f64>().ok()? as i64)),
         };
+        let arrival = number(items.first()?)?;
+        let token = number(items.get(1)?)?.map(|t| t as u64);
+        Some(Answer {
+            sent: answer.sent,
+            value: Watched { arrival, token },
+            received: answer.received,
+        })
+    }
+
+    /// `PTTL key`.
+    pub async fn pttl(&self, key: &str) -> Option<Answer<i64>> {
+        let answer = self.ask(vec!["PTTL".to_string(), key.to_string()]).await?;
+        let value = answer.value.as_int()?;
         Some(Answer {
             sent: answer.sent,
             value,
@@ -267,6 +323,15 @@ fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scripts_name_the_real_fields() {
+        // Sent as they are: a placeholder of the library's scripts (`@TURN@`) would never
+        // match (the floor's turn flag was always false that way).
+        for script in [FLOOR_SCRIPT, WATCH_SCRIPT, CUT_IN_LINE_SCRIPT] {
+            assert!(!script.contains('@'), "{script}");
+        }
+    }
 
     #[test]
     fn moved_names_the_node_serving_the_slot() {

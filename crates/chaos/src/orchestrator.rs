@@ -29,7 +29,7 @@ use crate::checker;
 use crate::clock::now_us;
 use crate::history::{client_log_path, read_client_id, write_faults, Fault, FaultKind};
 use crate::rng::Rng;
-use crate::run::{Cleanup, Layout, LockType, RunConfig, SemaphoreLeft};
+use crate::run::{Cleanup, LatchLeft, Layout, LockType, RunConfig, SemaphoreLeft};
 use crate::store::Store;
 use crate::worker::{DRAIN_DEADLINE, MAX_EXPLICIT_LEASE};
 
@@ -226,6 +226,9 @@ impl Env<'_> {
             .args(["--sem-resources", &c.sem_resources.to_string()])
             .args(["--sem-percent", &c.sem_percent.to_string()])
             .args(["--sem-permits", &c.sem_permits.to_string()])
+            .args(["--latch-resources", &c.latch_resources.to_string()])
+            .args(["--latch-percent", &c.latch_percent.to_string()])
+            .args(["--foreign-percent", &c.foreign_percent.to_string()])
             .args(["--lease-ms", &c.lease.as_millis().to_string()])
             .args([
                 "--command-timeout-ms",
@@ -277,6 +280,26 @@ impl Env<'_> {
                 "0".into(),
                 "-1".into(),
             ]
+        })
+        .await
+    }
+
+    /// Clients first in the line of a fair or read/write lock right now.
+    async fn line_heads(&self) -> anyhow::Result<Vec<u32>> {
+        self.clients_named(|lock, ty| match ty {
+            LockType::Fair | LockType::ReadWrite => vec![
+                "ZRANGE".into(),
+                format!("{lock}:waiters"),
+                "0".into(),
+                "0".into(),
+            ],
+            // Names nobody: a key no one uses.
+            _ => vec![
+                "ZRANGE".into(),
+                format!("{lock}:none"),
+                "0".into(),
+                "0".into(),
+            ],
         })
         .await
     }
@@ -358,8 +381,8 @@ async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> 
     };
     println!(
         "leasehold chaos{on}: {} clients x {} tasks on {} locks, {} fair locks ({} % of the ops), \
-         {} read/write locks ({} %) and {} semaphores of {} permits ({} %) for {:?}, seed {} \
-         (history in {})",
+         {} read/write locks ({} %), {} semaphores of {} permits ({} %) and {} latches ({} %), \
+         foreign-kind attempts in {} % of the ops, for {:?}, seed {} (history in {})",
         config.clients,
         config.tasks,
         config.resources,
@@ -370,6 +393,9 @@ async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> 
         config.sem_resources,
         config.sem_permits,
         config.sem_percent,
+        config.latch_resources,
+        config.latch_percent,
+        config.foreign_percent,
         config.duration,
         config.seed,
         dir.display()
@@ -456,6 +482,18 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
         let holders = env.holders().await?;
         if !holders.is_empty() {
             client = holders[rng.below(holders.len() as u64) as usize];
+        }
+    }
+    if kind == FaultKind::ProxyLatency && rng.chance(70) {
+        // Mostly slow the client first in the line of a fair or read/write lock, past its
+        // command timeout (below): its grant's reply then comes too late, the grant is rolled
+        // back in the background, and the waiter must keep its place all the same.
+        let mut heads = env.line_heads().await?;
+        if heads.is_empty() {
+            heads = env.queued().await?;
+        }
+        if !heads.is_empty() {
+            client = heads[rng.below(heads.len() as u64) as usize];
         }
     }
     if kind == FaultKind::ClientKill && rng.chance(70) {
@@ -549,7 +587,13 @@ async fn single_fault(
 ) -> anyhow::Result<String> {
     Ok(match kind {
         FaultKind::ProxyLatency => {
-            let latency = Duration::from_millis(rng.range(50, 400));
+            // Mostly above half the command timeout (500 ms by default): replies come back
+            // after the caller gave up on them (lost replies, settled in the background).
+            let latency = if rng.chance(60) {
+                Duration::from_millis(rng.range(260, 400))
+            } else {
+                Duration::from_millis(rng.range(50, 260))
+            };
             let lasts = Duration::from_millis(rng.range(500, 2500));
             let proxy = &proxies[client as usize];
             proxy.set_latency(latency);
@@ -888,6 +932,11 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
             .iter()
             .any(|hash| key == hash || key.strip_prefix(hash.as_str()) == Some(":leases"))
     };
+    // A latch still counting down keeps its count with no TTL by design (looked at below).
+    let latches: Vec<String> = layout
+        .of_type(LockType::Latch)
+        .map(|res| format!("{PREFIX}:{{{}}}", layout.name(res)))
+        .collect();
     let exited = Instant::now();
     let deadline = exited + env.config.lease.max(MAX_EXPLICIT_LEASE) + Duration::from_secs(15);
     let nodes = env.deployment.data_nodes().await?;
@@ -904,6 +953,10 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
                 } else if semaphore_key(&key) {
                     if first {
                         cleanup.semaphore_keys.push(format!("{label}{key}"));
+                    }
+                } else if latches.contains(&key) {
+                    if first {
+                        cleanup.latch_keys.push(format!("{label}{key}"));
                     }
                 } else {
                     others.push((label.clone(), node.clone(), key));
@@ -934,11 +987,35 @@ async fn stop(env: &Env<'_>) -> anyhow::Result<Cleanup> {
     cleanup.expiry_wait_ms = exited.elapsed().as_millis() as u64;
     for hash in semaphores {
         let node = env.deployment.node_of(&hash).await?;
-        cleanup
-            .semaphores
-            .push(blocking(move || semaphore_left(&*node, &hash)).await??);
+        let mut left = blocking(move || semaphore_left(&*node, &hash)).await??;
+        left.expected_permits = Some(i64::from(env.config.sem_permits));
+        cleanup.semaphores.push(left);
+    }
+    for hash in latches {
+        let node = env.deployment.node_of(&hash).await?;
+        if let Some(left) = blocking(move || latch_left(&*node, &hash)).await?? {
+            cleanup.latches.push(left);
+        }
     }
     Ok(cleanup)
+}
+
+/// Latch `hash` as Redis has it, if it is there: its fields and its TTL.
+fn latch_left(redis: &dyn Node, hash: &str) -> anyhow::Result<Option<LatchLeft>> {
+    let items = strings(redis.command(&["HGETALL", hash]))?;
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let fields = items
+        .chunks(2)
+        .filter_map(|pair| Some((pair.first()?.clone(), pair.get(1)?.clone())))
+        .collect();
+    let pttl = redis.command(&["PTTL", hash])?.as_int().unwrap_or(-2);
+    Ok(Some(LatchLeft {
+        name: hash.to_string(),
+        fields,
+        pttl,
+    }))
 }
 
 /// Semaphore `hash` as Redis has it: its number, its count of permits taken, and each
@@ -974,9 +1051,11 @@ fn semaphore_left(redis: &dyn Node, hash: &str) -> anyhow::Result<SemaphoreLeft>
     };
     let held: Vec<(String, i64, Option<i64>)> = fields
         .iter()
-        .filter(|(f, _)| f.starts_with("~r:"))
+        .filter(|(f, _)| f.starts_with(leasehold_core::protocol::READ_FIELD_PREFIX))
         .map(|(f, v)| {
-            let id = f.trim_start_matches("~r:").to_string();
+            let id = f
+                .trim_start_matches(leasehold_core::protocol::READ_FIELD_PREFIX)
+                .to_string();
             (id, v.parse().unwrap_or(0), lease_of(f))
         })
         .collect();
@@ -984,12 +1063,26 @@ fn semaphore_left(redis: &dyn Node, hash: &str) -> anyhow::Result<SemaphoreLeft>
         .iter()
         .filter(|(m, _)| !fields.iter().any(|(f, _)| f == m))
         .count();
+    use leasehold_core::protocol::{
+        PERMITS_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, USED_FIELD,
+    };
+    let other_fields = fields
+        .iter()
+        .map(|(f, _)| f)
+        .filter(|f| ![PERMITS_FIELD, USED_FIELD].contains(&f.as_str()))
+        .filter(|f| !f.starts_with(READ_FIELD_PREFIX) && !f.starts_with(READ_FENCE_FIELD_PREFIX))
+        .cloned()
+        .collect();
+    let pttl = redis.command(&["PTTL", hash])?.as_int();
     Ok(SemaphoreLeft {
         name: hash.to_string(),
-        permits: number("~permits"),
-        used: number("~used").unwrap_or(0),
+        permits: number(PERMITS_FIELD),
+        used: number(USED_FIELD).unwrap_or(0),
         held,
         leases_without_permits,
+        pttl,
+        other_fields,
+        expected_permits: None,
     })
 }
 

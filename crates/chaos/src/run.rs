@@ -36,6 +36,16 @@ pub struct RunConfig {
     /// Every semaphore's number of permits.
     #[serde(default)]
     pub sem_permits: u32,
+    /// Count-down latches (`latch-0` ...), numbered after the semaphores.
+    #[serde(default)]
+    pub latch_resources: u32,
+    /// The share of operations (percent) on a latch.
+    #[serde(default)]
+    pub latch_percent: u64,
+    /// The share of operations (percent) that are a foreign-kind attempt (an acquire of
+    /// another kind on a name in use by its own: `worker::foreign_attempt`).
+    #[serde(default)]
+    pub foreign_percent: u64,
     /// Watchdog lease of the clients' watched holds.
     pub lease: Duration,
     pub command_timeout: Duration,
@@ -91,6 +101,49 @@ pub struct Cleanup {
     /// Each semaphore as it was once every other key had gone.
     #[serde(default)]
     pub semaphores: Vec<SemaphoreLeft>,
+    /// The latches' hashes (`P:{latch-<i>}`): a latch still counting down keeps its count
+    /// with no TTL by design, so left out of the key counts above and looked at in
+    /// [`Cleanup::latches`] instead.
+    #[serde(default)]
+    pub latch_keys: Vec<String>,
+    /// Each latch as it was once every other key had gone (those still there).
+    #[serde(default)]
+    pub latches: Vec<LatchLeft>,
+}
+
+/// A latch's hash after the clients stopped: a latch still counting down holds its count
+/// (`~latch`) and nothing else, with no TTL.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LatchLeft {
+    pub name: String,
+    /// Every field of the hash, with its value.
+    pub fields: Vec<(String, String)>,
+    /// `PTTL` of the hash (-1: none).
+    pub pttl: i64,
+}
+
+impl LatchLeft {
+    /// Anything but a count above zero with no TTL: a field of another kind (a lock's owner,
+    /// a semaphore's permits), or a TTL.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (field, value) in &self.fields {
+            let count_ok = value.parse::<i64>().is_ok_and(|n| n > 0);
+            if field != leasehold_core::protocol::LATCH_FIELD || !count_ok {
+                problems.push(format!(
+                    "{}: field {field:?} = {value:?} in a latch's hash",
+                    self.name
+                ));
+            }
+        }
+        if self.pttl != -1 {
+            problems.push(format!(
+                "{}: a latch's hash with PTTL {} (a count has no TTL)",
+                self.name, self.pttl
+            ));
+        }
+        problems
+    }
 }
 
 /// A semaphore after the clients stopped. Its number of permits stays by design; a permit
@@ -109,6 +162,16 @@ pub struct SemaphoreLeft {
     pub held: Vec<(String, i64, Option<i64>)>,
     /// Members of the leases set with no acquisition in the hash.
     pub leases_without_permits: usize,
+    /// `PTTL` of the hash: -1 (none) by design; `None` in histories from before it was read.
+    #[serde(default)]
+    pub pttl: Option<i64>,
+    /// Fields that are not a semaphore's (`~permits`, `~used`, `~r:<id>`, `~rf:<id>`): a
+    /// lock's or a latch's, written by an acquire of another kind.
+    #[serde(default)]
+    pub other_fields: Vec<String>,
+    /// The number of permits the clients set (`--sem-permits`); `None` in older histories.
+    #[serde(default)]
+    pub expected_permits: Option<i64>,
 }
 
 impl SemaphoreLeft {
@@ -143,6 +206,28 @@ impl SemaphoreLeft {
                 self.name, self.leases_without_permits
             ));
         }
+        // The number is configuration: no TTL, and still what the clients set (their ticker
+        // sets it again within 250 ms of a loss, and no fault starts in the run's last 2 s).
+        if let Some(pttl) = self.pttl.filter(|&ms| ms != -1) {
+            problems.push(format!(
+                "{}: the semaphore's hash has PTTL {pttl} (it must have no TTL)",
+                self.name
+            ));
+        }
+        if let Some(expected) = self.expected_permits {
+            if self.permits != Some(expected) {
+                problems.push(format!(
+                    "{}: ~permits is {:?}, the clients set {expected}",
+                    self.name, self.permits
+                ));
+            }
+        }
+        for field in &self.other_fields {
+            problems.push(format!(
+                "{}: field {field:?} is not a semaphore's",
+                self.name
+            ));
+        }
         problems
     }
 
@@ -167,6 +252,8 @@ pub enum LockType {
     ReadWrite,
     /// `client.semaphore`: `sem-<i>`.
     Semaphore,
+    /// `client.latch`: `latch-<i>`.
+    Latch,
 }
 
 /// How the resources of a run are numbered: the plain locks first, then the fair locks, the
@@ -177,6 +264,7 @@ pub struct Layout {
     pub fair: u32,
     pub rw: u32,
     pub sem: u32,
+    pub latch: u32,
 }
 
 impl Layout {
@@ -186,25 +274,36 @@ impl Layout {
             fair: config.fair_resources,
             rw: config.rw_resources,
             sem: config.sem_resources,
+            latch: config.latch_resources,
         }
     }
 
     /// Every resource: `0..total()`.
     pub fn total(&self) -> u32 {
-        self.plain + self.fair + self.rw + self.sem
+        self.plain + self.fair + self.rw + self.sem + self.latch
     }
 
     /// The first resource of each kind, with its count.
-    fn ranges(&self) -> [(LockType, u32, u32); 4] {
+    fn ranges(&self) -> [(LockType, u32, u32); 5] {
         let fair = self.plain;
         let rw = fair + self.fair;
         let sem = rw + self.rw;
+        let latch = sem + self.sem;
         [
             (LockType::Plain, 0, self.plain),
             (LockType::Fair, fair, self.fair),
             (LockType::ReadWrite, rw, self.rw),
             (LockType::Semaphore, sem, self.sem),
+            (LockType::Latch, latch, self.latch),
         ]
+    }
+
+    /// The resources of kind `ty`.
+    pub fn of_type(&self, ty: LockType) -> std::ops::Range<u32> {
+        self.ranges()
+            .into_iter()
+            .find(|(t, _, _)| *t == ty)
+            .map_or(0..0, |(_, first, count)| first..first + count)
     }
 
     /// The first resource of kind `ty`.
@@ -215,12 +314,12 @@ impl Layout {
             .map_or(0, |(_, first, _)| first)
     }
 
-    /// The kind of resource `res` (past the end: a semaphore, as numbered).
+    /// The kind of resource `res` (past the end: a latch, as numbered).
     pub fn lock_type(&self, res: u32) -> LockType {
         self.ranges()
             .into_iter()
             .find(|(_, first, count)| res >= *first && res < first + count)
-            .map_or(LockType::Semaphore, |(ty, _, _)| ty)
+            .map_or(LockType::Latch, |(ty, _, _)| ty)
     }
 
     /// The name of resource `res`: `res-<i>`, `fair-<i>`, `rw-<i>` or `sem-<i>`.
@@ -232,6 +331,7 @@ impl Layout {
             LockType::Fair => format!("fair-{i}"),
             LockType::ReadWrite => format!("rw-{i}"),
             LockType::Semaphore => format!("sem-{i}"),
+            LockType::Latch => format!("latch-{i}"),
         }
     }
 }
@@ -247,6 +347,7 @@ mod tests {
             fair: 1,
             rw: 2,
             sem: 1,
+            latch: 1,
         };
         assert_eq!(layout.name(0), "res-0");
         assert_eq!(layout.name(2), "res-2");
@@ -254,7 +355,9 @@ mod tests {
         assert_eq!(layout.name(4), "rw-0");
         assert_eq!(layout.name(5), "rw-1");
         assert_eq!(layout.name(6), "sem-0");
-        assert_eq!(layout.total(), 7);
+        assert_eq!(layout.name(7), "latch-0");
+        assert_eq!(layout.total(), 8);
+        assert_eq!(layout.of_type(LockType::ReadWrite), 4..6);
         assert_eq!(layout.lock_type(3), LockType::Fair);
         assert_eq!(layout.lock_type(2), LockType::Plain);
         assert_eq!(layout.lock_type(5), LockType::ReadWrite);
@@ -265,6 +368,7 @@ mod tests {
             fair: 0,
             rw: 1,
             sem: 0,
+            latch: 0,
         };
         assert_eq!(layout.name(1), "rw-0");
     }

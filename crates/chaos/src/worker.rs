@@ -44,7 +44,9 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant};
 
 use crate::clock::now_us;
-use crate::history::{client_log_path, Event, EventLog, Kind, ReleaseHow, Side};
+use crate::history::{
+    client_log_path, AskedAs, Event, EventLog, Kind, LatchCall, ReleaseHow, Side,
+};
 use crate::observer::Observer;
 use crate::rng::Rng;
 use crate::run::{Layout, LockType};
@@ -77,6 +79,11 @@ pub struct WorkerConfig {
     pub sem_percent: u64,
     /// Every semaphore's number of permits.
     pub sem_permits: u32,
+    pub latch_resources: u32,
+    /// The share of operations on a latch (percent).
+    pub latch_percent: u64,
+    /// How often (percent) an op, a hold or a latch party makes a foreign-kind attempt.
+    pub foreign_percent: u64,
     /// Redis itself (not the proxy): the [`Observer`]'s connection.
     pub redis_addr: std::net::SocketAddr,
     /// The watchdog lease of watched holds.
@@ -97,6 +104,7 @@ impl WorkerConfig {
             fair: self.fair_resources,
             rw: self.rw_resources,
             sem: self.sem_resources,
+            latch: self.latch_resources,
         }
     }
 }
@@ -309,6 +317,14 @@ async fn task_loop(
             Some(res) if rng.chance(50) => res,
             _ => pick_lock(&ctx.config, &mut rng),
         };
+        if handed_off.is_none() && rng.chance(ctx.config.foreign_percent) {
+            // A foreign-kind attempt on any name (judged where the history shows the name's
+            // own kind there all along).
+            let total = ctx.config.layout().total();
+            let on = rng.below(u64::from(total)) as u32;
+            let foreign = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+            foreign_attempt(&ctx, task, foreign, on, &mut rng).await?;
+        }
         if rng.chance(JOINED_PERCENT) {
             // Two ops of this task at once on one lock, as futures joined in one task: one
             // owner, so the second re-enters the first's grant (or, through a non-reentrant
@@ -386,6 +402,9 @@ fn describe(error: &LockError) -> String {
         LockError::InvalidArgument(_) => "invalid_argument",
         LockError::LeaseLost { .. } => "lease_lost",
         LockError::UpgradeRefused { .. } => "upgrade_refused",
+        // The refusal of a name that holds another kind (matched by its Debug text until the
+        // variant is there to match).
+        _ if format!("{error:?}").starts_with("WrongKind") => "wrong_kind",
         _ => "other",
     };
     format!("{kind}: {error}")
@@ -407,6 +426,10 @@ async fn one_op(
     let name = layout.name(res);
     if ty == LockType::Semaphore {
         sem_op(ctx, task, op, res, rng).await?;
+        return Ok(None);
+    }
+    if ty == LockType::Latch {
+        latch_op(ctx, task, op, res, rng).await?;
         return Ok(None);
     }
     let kind = Kind::ALL[rng.weighted(&KIND_WEIGHTS)];
@@ -439,9 +462,11 @@ async fn one_op(
     let wait = ms(rng.range(50, 1500));
     let lease = ms(rng.range(200, MAX_EXPLICIT_LEASE.as_millis() as u64));
     let explicit = kind.explicit_lease();
-    // The owner's entry, hold and turn just before the call (see `Event::Floor`).
+    // The owner's entry, hold and turn just before the call (see `Event::Floor`), on the
+    // locks with a line of owners in arrival order: fair and read/write locks.
     let owner = lock.owner();
-    let floor = if fair {
+    let lined = fair || rw.is_some();
+    let floor = if lined {
         ctx.observer.floor(lock.keys(), owner.id()).await
     } else {
         None
@@ -457,6 +482,10 @@ async fn one_op(
         side,
         permits: None,
         under: None,
+        foreign: None,
+        latch: None,
+        wait_ms: matches!(kind, Kind::TryLockFor | Kind::TryLockForWithLease)
+            .then_some(wait.as_millis() as u64),
     });
     if let Some(floor) = floor {
         ctx.record(Event::Floor {
@@ -478,20 +507,29 @@ async fn one_op(
         return Ok(None);
     }
     let call = acquire(&lock, kind, wait, lease);
-    let mut line = Vec::new();
-    let result = if fair && kind.waits() {
+    let mut line = Line::default();
+    let result = if lined && kind.waits() {
         watching_the_line(&ctx.observer, &lock, owner.id(), call, &mut line).await
     } else {
         call.await
     };
     let t = now_us();
-    for run in line {
+    for run in line.runs {
         ctx.record(Event::Queued {
             t: run.first,
             op,
             arrival: run.arrival,
             last: run.last,
             polls: run.polls,
+        });
+    }
+    for (since, sent, answered, token) in line.held {
+        ctx.record(Event::HeldInRedis {
+            t: sent,
+            op,
+            answered,
+            since: since.unwrap_or(begin),
+            token,
         });
     }
     match result {
@@ -555,8 +593,8 @@ async fn acquire(
 }
 
 /// Plain locks are picked uniformly, and so are the locks of each other kind; `fair_percent`
-/// of the ops go to a fair lock, then `rw_percent` to a read/write lock and `sem_percent` to a
-/// semaphore (shares past 100 % are cut, in that order).
+/// of the ops go to a fair lock, then `rw_percent` to a read/write lock, `sem_percent` to a
+/// semaphore and `latch_percent` to a latch (shares past 100 % are cut, in that order).
 fn pick_lock(config: &WorkerConfig, rng: &mut Rng) -> u32 {
     let layout = config.layout();
     let roll = rng.below(100);
@@ -567,6 +605,11 @@ fn pick_lock(config: &WorkerConfig, rng: &mut Rng) -> u32 {
             LockType::Semaphore,
             config.sem_resources,
             config.sem_percent,
+        ),
+        (
+            LockType::Latch,
+            config.latch_resources,
+            config.latch_percent,
         ),
     ];
     let mut edge = 0;
@@ -600,6 +643,10 @@ async fn sem_op(ctx: &Arc<Ctx>, task: u32, op: u64, res: u32, rng: &mut Rng) -> 
         side: None,
         permits: Some(permits),
         under: None,
+        foreign: None,
+        latch: None,
+        wait_ms: matches!(kind, Kind::TryLockFor | Kind::TryLockForWithLease)
+            .then_some(wait.as_millis() as u64),
     });
     let result = match kind {
         Kind::Lock => semaphore.acquire(permits).await.map(Some),
@@ -628,7 +675,7 @@ async fn sem_op(ctx: &Arc<Ctx>, task: u32, op: u64, res: u32, rng: &mut Rng) -> 
                 token: Some(permit.fencing_token().get()),
                 hold_count: 1,
             });
-            hold_permit(ctx, op, rng, permit).await;
+            hold_permit(ctx, task, op, res, rng, permit).await?;
         }
         Ok(None) => ctx.record(Event::NotGranted { t, op }),
         Err(error) => {
@@ -645,8 +692,16 @@ async fn sem_op(ctx: &Arc<Ctx>, task: u32, op: u64, res: u32, rng: &mut Rng) -> 
 
 /// A permit's hold: lease checks around short rests (now and then a long one), then its
 /// release or drop. Permit holders do not write to the store: several hold at once.
-async fn hold_permit(ctx: &Arc<Ctx>, op: u64, rng: &mut Rng, permit: Permit) {
+async fn hold_permit(
+    ctx: &Arc<Ctx>,
+    task: u32,
+    op: u64,
+    res: u32,
+    rng: &mut Rng,
+    permit: Permit,
+) -> anyhow::Result<()> {
     ctx.check_with(op, || permit.is_held());
+    foreign_in_hold(ctx, task, res, rng).await?;
     sleep(ms(rng.range(5, 60))).await;
     ctx.check_with(op, || permit.is_held());
     sleep(ms(rest(ctx, rng))).await;
@@ -671,6 +726,7 @@ async fn hold_permit(ctx: &Arc<Ctx>, op: u64, rng: &mut Rng, permit: Permit) {
             outcome: "background".into(),
         });
     }
+    Ok(())
 }
 
 /// `try_set_permits`, recording when it set the number (it was gone); errors are left to the
@@ -719,26 +775,46 @@ struct Run {
     open: bool,
 }
 
-/// Runs the fair acquire `call`, polling `owner`'s place in the line of `lock` alongside
-/// until it returns; the runs of polls that found the same arrival go to `line`. A poll that
-/// found no entry ends a run; one that failed (Redis paused or restarting) does not: an entry
-/// that went and came back has a new arrival.
+/// What the polls of a waiting acquire saw: its runs in line, and each grant of its owner
+/// seen in Redis while the call was under way (when the last poll before that found no hold
+/// was sent, the first that found it sent and answered, the token).
+#[derive(Default)]
+struct Line {
+    runs: Vec<Run>,
+    held: Vec<(Option<i64>, i64, i64, u64)>,
+    /// When the last poll that found no hold was sent.
+    no_hold: Option<i64>,
+}
+
+/// Runs the fair or read/write acquire `call`, polling `owner`'s place in the line of `lock`
+/// alongside until it returns; the runs of polls that found the same arrival go to `line`, and
+/// so does each grant the polls found the owner holding in Redis. A poll that found no entry
+/// ends a run; one that failed (Redis paused or restarting) does not: an entry that went and
+/// came back has a new arrival.
 async fn watching_the_line<T>(
     observer: &Observer,
     lock: &Lock,
     owner: &str,
     call: impl Future<Output = T>,
-    line: &mut Vec<Run>,
+    line: &mut Line,
 ) -> T {
     let poll = async {
         loop {
-            if let Some(answer) = observer.arrival(lock.keys(), owner).await {
-                match (answer.value, line.last_mut()) {
+            if let Some(answer) = observer.watch(lock.keys(), owner).await {
+                match answer.value.token {
+                    Some(token) if !line.held.iter().any(|(_, _, _, t)| *t == token) => {
+                        line.held
+                            .push((line.no_hold, answer.sent, answer.received, token));
+                    }
+                    Some(_) => {}
+                    None => line.no_hold = Some(answer.sent),
+                }
+                match (answer.value.arrival, line.runs.last_mut()) {
                     (Some(arrival), Some(run)) if run.open && run.arrival == arrival => {
                         run.last = answer.sent;
                         run.polls += 1;
                     }
-                    (Some(arrival), _) => line.push(Run {
+                    (Some(arrival), _) => line.runs.push(Run {
                         first: answer.received,
                         arrival,
                         last: answer.sent,
@@ -853,6 +929,7 @@ async fn hold(
     let Held { op, res, .. } = held;
     let token = guard.fencing_token().get();
     ctx.check(op, &guard);
+    foreign_in_hold(ctx, held.task, res, rng).await?;
     sleep(ms(rng.range(5, 60))).await;
     // Readers do not write: the store's fence is for writers.
     if held.side != Some(Side::Read) && ctx.check(op, &guard) {
@@ -956,6 +1033,9 @@ async fn under<'l>(
         side: Some(side),
         permits: None,
         under: Some(held.op),
+        foreign: None,
+        latch: None,
+        wait_ms: None,
     });
     let result = acquire(lock, kind, wait, lease).await;
     let t = now_us();
@@ -1087,4 +1167,304 @@ async fn run_once_op(
         }
     }
     Ok(())
+}
+
+/// How long after a latch wait began its party reads the count ([`LatchCall::Count`]): by
+/// then the wait has certainly looked at the latch once, away from faults (a round trip).
+pub const LATCH_READ_AFTER: Duration = Duration::from_millis(250);
+/// The longest latch wait (`wait_for`) a party makes.
+pub const MAX_LATCH_WAIT: Duration = Duration::from_secs(4);
+/// How often the party whose count-down opened a latch starts the next round at once.
+const NEXT_ROUND_PERCENT: u64 = 60;
+
+/// One latch op: a party sets a count (2 or 3, if the latch is open), counts down, or waits
+/// (`wait_for`, with a read of the count a little after the wait began). A count-down that
+/// opens the latch is often followed at once by the next round's count, set by the same
+/// party; one that leaves the latch counting is now and then followed by a foreign-kind
+/// attempt on the latch's name, bracketed by the count-down and a read of the count (what
+/// the checker needs to know the latch was counting all along).
+async fn latch_op(
+    ctx: &Arc<Ctx>,
+    task: u32,
+    op: u64,
+    res: u32,
+    rng: &mut Rng,
+) -> anyhow::Result<()> {
+    let latch = ctx.client.latch(&ctx.config.layout().name(res))?;
+    let roll = rng.below(100);
+    if roll < 25 {
+        let count = rng.range(2, 4);
+        latch_call(ctx, task, op, res, &latch, LatchCall::Set { count }).await;
+    } else if roll < 60 {
+        let left = latch_call(ctx, task, op, res, &latch, LatchCall::CountDown).await;
+        match left {
+            Some(0) if rng.chance(NEXT_ROUND_PERCENT) => {
+                let next = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+                let count = rng.range(2, 4);
+                latch_call(ctx, task, next, res, &latch, LatchCall::Set { count }).await;
+            }
+            Some(left) if left > 0 && rng.chance(ctx.config.foreign_percent) => {
+                let foreign = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+                foreign_attempt(ctx, task, foreign, res, rng).await?;
+                let read = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+                latch_call(ctx, task, read, res, &latch, LatchCall::Count { of: op }).await;
+            }
+            _ => {}
+        }
+    } else {
+        let timeout = ms(rng.range(500, MAX_LATCH_WAIT.as_millis() as u64));
+        let wait = LatchCall::Wait {
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        let read = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+        let read_latch = latch.clone();
+        tokio::join!(latch_call(ctx, task, op, res, &latch, wait), async {
+            sleep(LATCH_READ_AFTER).await;
+            let call = LatchCall::Count { of: op };
+            latch_call(ctx, task, read, res, &read_latch, call).await
+        });
+    }
+    Ok(())
+}
+
+/// One latch call, recorded (`Begin` with its [`LatchCall`], then `LatchReturned` or
+/// `Failed`); returns its value.
+async fn latch_call(
+    ctx: &Ctx,
+    task: u32,
+    op: u64,
+    res: u32,
+    latch: &leasehold::Latch,
+    call: LatchCall,
+) -> Option<u64> {
+    ctx.record(Event::Begin {
+        t: now_us(),
+        op,
+        task,
+        kind: if matches!(call, LatchCall::Wait { .. }) {
+            Kind::TryLockFor
+        } else {
+            Kind::TryLock
+        },
+        res,
+        lease_ms: None,
+        side: None,
+        permits: None,
+        under: None,
+        foreign: None,
+        latch: Some(call),
+        wait_ms: None,
+    });
+    let result = match call {
+        LatchCall::Set { count } => latch.try_set_count(count).await.map(u64::from),
+        LatchCall::CountDown => latch.count_down().await,
+        LatchCall::Wait { timeout_ms } => latch.wait_for(ms(timeout_ms)).await.map(u64::from),
+        LatchCall::Count { .. } => latch.count().await,
+    };
+    let t = now_us();
+    match result {
+        Ok(value) => {
+            ctx.record(Event::LatchReturned { t, op, value });
+            Some(value)
+        }
+        Err(error) => {
+            ctx.record(Event::Failed {
+                t,
+                op,
+                error: describe(&error),
+            });
+            None
+        }
+    }
+}
+
+/// The family of a name's own kind, as `LockError::WrongKind` tells them apart: a plain and
+/// a fair lock are both "lock" (their hashes look alike), so asking for one on the other's
+/// name is not a foreign-kind attempt.
+fn family(ty: LockType) -> &'static str {
+    match ty {
+        LockType::Plain | LockType::Fair => "lock",
+        LockType::ReadWrite => "read/write lock",
+        LockType::Semaphore => "semaphore",
+        LockType::Latch => "count-down latch",
+    }
+}
+
+/// A foreign-kind attempt on resource `res`'s name: an acquire of a kind of another family
+/// than the name's own ([`AskedAs`]), one try or a short bounded wait, from a fresh owner
+/// (it must not meet its task's own holds). The library must refuse it with
+/// `LockError::WrongKind` and write nothing; granted anyway, it is let go at once. On a
+/// semaphore's or a latch's name the hash's TTL is read right after ([`Event::AfterForeign`]):
+/// neither may have one.
+async fn foreign_attempt(
+    ctx: &Arc<Ctx>,
+    task: u32,
+    op: u64,
+    res: u32,
+    rng: &mut Rng,
+) -> anyhow::Result<()> {
+    let layout = ctx.config.layout();
+    let (ty, name) = (layout.lock_type(res), layout.name(res));
+    let asked: Vec<AskedAs> = AskedAs::ALL
+        .into_iter()
+        .filter(|a| a.kind_name() != family(ty))
+        .collect();
+    let asked = asked[rng.below(asked.len() as u64) as usize];
+    let wait = if rng.chance(50) {
+        None
+    } else {
+        Some(ms(rng.range(50, 300)))
+    };
+    let kind = if wait.is_some() {
+        Kind::TryLockFor
+    } else {
+        Kind::TryLock
+    };
+    let latch_call = match wait {
+        Some(wait) => LatchCall::Wait {
+            timeout_ms: wait.as_millis() as u64,
+        },
+        None => LatchCall::Set { count: 2 },
+    };
+    let latch = (asked == AskedAs::Latch).then_some(latch_call);
+    let side = match asked {
+        AskedAs::Read => Some(Side::Read),
+        AskedAs::Write => Some(Side::Write),
+        _ => None,
+    };
+    ctx.record(Event::Begin {
+        t: now_us(),
+        op,
+        task,
+        kind,
+        res,
+        lease_ms: None,
+        side,
+        permits: (asked == AskedAs::Semaphore).then_some(1),
+        under: None,
+        foreign: Some(asked),
+        latch,
+        wait_ms: wait.map(|w| w.as_millis() as u64),
+    });
+    let owner = ctx.client.new_owner();
+    let lock = match asked {
+        AskedAs::Lock => Some(ctx.client.lock(&name)?.with_owner(owner)),
+        AskedAs::FairLock => Some(ctx.client.fair_lock(&name)?.with_owner(owner)),
+        AskedAs::Read => Some(ctx.client.rw_lock(&name)?.with_owner(owner).read().clone()),
+        AskedAs::Write => Some(ctx.client.rw_lock(&name)?.with_owner(owner).write().clone()),
+        AskedAs::Semaphore | AskedAs::Latch => None,
+    };
+    if let Some(lock) = lock {
+        let result = match wait {
+            Some(wait) => lock.try_lock_for(wait).await,
+            None => lock.try_lock().await,
+        };
+        let t = now_us();
+        match result {
+            Ok(Some(guard)) => {
+                ctx.record(Event::Granted {
+                    t,
+                    op,
+                    owner: guard.owner().to_string(),
+                    token: Some(guard.fencing_token().get()),
+                    hold_count: guard.hold_count(),
+                });
+                let outcome = guard
+                    .unlock()
+                    .await
+                    .map_or_else(|e| describe(&e), |()| "ok".into());
+                ctx.record(Event::Released {
+                    t: now_us(),
+                    op,
+                    how: ReleaseHow::Unlock,
+                    outcome,
+                });
+            }
+            Ok(None) => ctx.record(Event::NotGranted { t, op }),
+            Err(error) => ctx.record(Event::Failed {
+                t,
+                op,
+                error: describe(&error),
+            }),
+        }
+    } else if asked == AskedAs::Semaphore {
+        let semaphore = ctx.client.semaphore(&name)?;
+        let result = match wait {
+            Some(wait) => semaphore.try_acquire_for(1, wait).await,
+            None => semaphore.try_acquire(1).await,
+        };
+        let t = now_us();
+        match result {
+            Ok(Some(permit)) => {
+                ctx.record(Event::Granted {
+                    t,
+                    op,
+                    owner: permit.id().to_string(),
+                    token: Some(permit.fencing_token().get()),
+                    hold_count: 1,
+                });
+                let outcome = permit
+                    .release()
+                    .await
+                    .map_or_else(|e| describe(&e), |()| "ok".into());
+                ctx.record(Event::Released {
+                    t: now_us(),
+                    op,
+                    how: ReleaseHow::Unlock,
+                    outcome,
+                });
+            }
+            Ok(None) => ctx.record(Event::NotGranted { t, op }),
+            Err(error) => ctx.record(Event::Failed {
+                t,
+                op,
+                error: describe(&error),
+            }),
+        }
+    } else {
+        let latch = ctx.client.latch(&name)?;
+        let result = match wait {
+            Some(wait) => latch.wait_for(wait).await,
+            None => latch.try_set_count(2).await,
+        };
+        let t = now_us();
+        match result {
+            Ok(value) => ctx.record(Event::LatchReturned {
+                t,
+                op,
+                value: u64::from(value),
+            }),
+            Err(error) => ctx.record(Event::Failed {
+                t,
+                op,
+                error: describe(&error),
+            }),
+        }
+    }
+    if matches!(ty, LockType::Semaphore | LockType::Latch) {
+        let keys = leasehold_core::LockKeys::new(
+            &leasehold_core::Prefix::new(&ctx.config.prefix)?,
+            &name,
+        )?;
+        if let Some(answer) = ctx.observer.pttl(keys.hash()).await {
+            ctx.record(Event::AfterForeign {
+                t: answer.sent,
+                op,
+                answered: answer.received,
+                pttl: answer.value,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Now and then ([`WorkerConfig::foreign_percent`]), a foreign-kind attempt on the name of
+/// the hold `op` (another op of the same task, numbered now), made while the hold is believed
+/// (the checks around it show it was there all along).
+async fn foreign_in_hold(ctx: &Arc<Ctx>, task: u32, res: u32, rng: &mut Rng) -> anyhow::Result<()> {
+    if !rng.chance(ctx.config.foreign_percent) {
+        return Ok(());
+    }
+    let op = ctx.next_op.fetch_add(1, Ordering::Relaxed);
+    foreign_attempt(ctx, task, op, res, rng).await
 }
