@@ -100,7 +100,7 @@ pub enum AskedAs {
     Write,
     /// `client.semaphore(name)`, one permit.
     Semaphore,
-    /// `client.latch(name)`: `try_set_count` (a try) or `wait_for` (a bounded wait).
+    /// `client.latch(name)`: `wait_for` (of zero for a try).
     Latch,
 }
 

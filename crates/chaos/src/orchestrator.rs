@@ -13,6 +13,11 @@
 //! paused for less than the node timeout, the slot of a resource (mostly one in use) migrated
 //! to another primary, every node's connections killed, and the clients paused or killed as
 //! in the one-server run. [`Deployment`] is what differs between the two; the rest is shared.
+//!
+//! In the one-server run, added latency comes twice per round of the fault kinds, mostly on
+//! the client first in a fair or read/write lock's line and past half its command timeout:
+//! a grant's reply then comes too late, and the grant is rolled back in the background (the
+//! case `checker::rollback` judges).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -437,6 +442,11 @@ async fn run(config: &RunConfig, dir: &Path) -> anyhow::Result<checker::Report> 
         if deck.is_empty() {
             // Every kind once per round, in a seeded order: short runs still see each kind.
             deck = FaultKind::of_run(config.cluster).to_vec();
+            if !config.cluster && config.fair_percent + config.rw_percent > 0 {
+                // Twice the added latency: it is what loses a waiter's grant reply (its
+                // command timeout passes first), which the fair-order rules need to see.
+                deck.push(FaultKind::ProxyLatency);
+            }
             for i in (1..deck.len()).rev() {
                 deck.swap(i, rng.below(i as u64 + 1) as usize);
             }

@@ -1291,7 +1291,8 @@ fn family(ty: LockType) -> &'static str {
 }
 
 /// A foreign-kind attempt on resource `res`'s name: an acquire of a kind of another family
-/// than the name's own ([`AskedAs`]), one try or a short bounded wait, from a fresh owner
+/// than the name's own ([`AskedAs`]; a latch's is a `wait_for`, of zero for a try), one try or
+/// a short bounded wait, from a fresh owner
 /// (it must not meet its task's own holds). The library must refuse it with
 /// `LockError::WrongKind` and write nothing; granted anyway, it is let go at once. On a
 /// semaphore's or a latch's name the hash's TTL is read right after ([`Event::AfterForeign`]):
@@ -1320,11 +1321,10 @@ async fn foreign_attempt(
     } else {
         Kind::TryLock
     };
-    let latch_call = match wait {
-        Some(wait) => LatchCall::Wait {
-            timeout_ms: wait.as_millis() as u64,
-        },
-        None => LatchCall::Set { count: 2 },
+    // A latch's wait only: it writes nothing. (`try_set_count` on a name that holds nothing
+    // would set a count, with no TTL, on a lock's or semaphore's name, for good.)
+    let latch_call = LatchCall::Wait {
+        timeout_ms: wait.unwrap_or_default().as_millis() as u64,
     };
     let latch = (asked == AskedAs::Latch).then_some(latch_call);
     let side = match asked {
@@ -1423,10 +1423,7 @@ async fn foreign_attempt(
         }
     } else {
         let latch = ctx.client.latch(&name)?;
-        let result = match wait {
-            Some(wait) => latch.wait_for(wait).await,
-            None => latch.try_set_count(2).await,
-        };
+        let result = latch.wait_for(wait.unwrap_or_default()).await;
         let t = now_us();
         match result {
             Ok(value) => ctx.record(Event::LatchReturned {

@@ -9,7 +9,7 @@
 //! kind), most of them in the middle of a hold of the name's own kind, and the rules are:
 //!
 //! - [`FOREIGN_GRANTED`]: none was granted (a guard, a permit; on a latch's terms a
-//!   `try_set_count` that set, a `wait_for` that came back open);
+//!   `wait_for` that came back open);
 //! - [`FOREIGN_NOT_REFUSED`]: none came back with anything but the refusal: not busy
 //!   (`Ok(None)`, `false`), not another error (`WrongType`, a Redis error, `UpgradeRefused`).
 //!   A `Timeout` or a `Connection` error is the fault's, not the library's answer, and is not
@@ -179,7 +179,10 @@ pub(super) fn foreign_holds(
     let linger = config.lease.max(MAX_EXPLICIT_LEASE).as_micros() as i64 + LATE_DELIVERY_US;
     let mut holds: BTreeMap<u32, Vec<(i64, i64)>> = BTreeMap::new();
     for op in foreign.values() {
-        if refused(op) || (op.granted.is_none() && op.failed.is_none() && op.ended.is_some()) {
+        // (A latch's wait writes nothing, whatever it answers.)
+        let wait = matches!(op.latch, Some(LatchCall::Wait { .. }));
+        let settled = op.ended.is_some() && op.failed.is_none() && !granted(op);
+        if refused(op) || wait || settled {
             continue;
         }
         let end = op
@@ -236,10 +239,9 @@ pub(super) fn foreign_kind_check(
             "{} asked as a {} ({}) on {}, a {}'s name",
             op.describe(),
             asked.kind_name(),
-            match (asked, op.latch) {
-                (AskedAs::Latch, Some(LatchCall::Set { .. })) => "try_set_count()",
-                (AskedAs::Latch, _) => "wait_for()",
-                (_, _) => op.kind.name(),
+            match asked {
+                AskedAs::Latch => "wait_for()",
+                _ => op.kind.name(),
             },
             op.lock,
             family(op.ty),
