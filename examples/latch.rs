@@ -25,7 +25,7 @@ async fn main() -> Result<()> {
     // Set the count before anyone waits: a wait on a latch that was never set returns at once.
     let ready = coordinator.latch(NAME)?;
     assert!(
-        ready.try_set_count(WORKERS.len() as u64).await?,
+        ready.try_set_count(WORKERS.len() as u32).await?,
         "the latch is counting down already (a run that stopped half-way?)"
     );
     println!(

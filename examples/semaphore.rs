@@ -17,7 +17,7 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const PODS: [&str; 3] = ["pod-a", "pod-b", "pod-c"];
 const JOBS: usize = 6;
-const PERMITS: u64 = 2;
+const PERMITS: u32 = 2;
 const EXPORT_TIME: Duration = Duration::from_millis(200);
 
 /// How many exports run now, and the most that ever ran at once.
@@ -109,7 +109,7 @@ async fn main() -> Result<()> {
         "all {JOBS} exports done in {} ms; at most {most} ran at once",
         start.elapsed().as_millis()
     );
-    assert!(most as u64 <= PERMITS, "{most} exports at once");
+    assert!(most as u64 <= u64::from(PERMITS), "{most} exports at once");
     assert_eq!(exports.available_permits().await?, PERMITS as i64);
 
     // A permit released by its id from another pod: pod A takes one and passes its id on (a

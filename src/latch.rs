@@ -21,6 +21,10 @@ use crate::wait::{self, Attempt, Line, Tried};
 /// The count is kept in Redis (no TTL) until it reaches zero; then the latch is gone, and
 /// `try_set_count` may start a new round.
 ///
+/// Every round has an id (a fencing token of the name's slot, so ids never repeat), and a
+/// waiter remembers the round it began in: it goes once that round opened, even when the next
+/// round started at once and the count it reads is the new round's.
+///
 /// ```
 /// # leasehold_testkit::with_redis(|url| async move {
 /// let client = leasehold::LockClient::connect(&url).await?;
@@ -61,9 +65,14 @@ impl Latch {
         self.keys.name()
     }
 
-    /// Sets the count if the latch is not counting down already (Redisson's `trySetCount`);
-    /// returns whether it was set. A count of zero sets nothing (the latch is open).
-    pub async fn try_set_count(&self, count: u64) -> Result<bool> {
+    /// Sets the count if the latch is not counting down already (Redisson's `trySetCount`),
+    /// starting a new round; returns whether it was set. A count of zero sets nothing (the
+    /// latch is open).
+    ///
+    /// # Errors
+    /// [`LockError::WrongKind`](crate::LockError::WrongKind) when the name is in use by a lock,
+    /// a read/write lock or a semaphore (nothing changed).
+    pub async fn try_set_count(&self, count: u32) -> Result<bool> {
         if count == 0 {
             return Ok(false);
         }
@@ -90,11 +99,12 @@ impl Latch {
     /// The count now (0: open).
     pub async fn count(&self) -> Result<u64> {
         let client = &self.client;
-        Box::pin(client.call(
+        let state = Box::pin(client.call(
             client.command_timeout,
-            commands::latch_count(&client.redis, &self.keys),
+            commands::latch_state(&client.redis, &self.keys),
         ))
-        .await
+        .await?;
+        Ok(state.count)
     }
 
     /// Waits until the count reaches zero (at once if it is zero, or was never set).
@@ -103,7 +113,10 @@ impl Latch {
     /// Cancel safe: a dropped wait only leaves the client's local line (and its channel
     /// subscription lingers, then goes); it changes nothing in Redis.
     pub async fn wait(&self) -> Result<()> {
-        let mut attempt = LatchAttempt { latch: self };
+        let mut attempt = LatchAttempt {
+            latch: self,
+            round: None,
+        };
         Box::pin(wait::acquire(&self.client, &self.keys, &mut attempt, None)).await?;
         Ok(())
     }
@@ -114,7 +127,10 @@ impl Latch {
     /// As [`Latch::wait`].
     pub async fn wait_for(&self, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout.min(leasehold_core::MAX_LEASE);
-        let mut attempt = LatchAttempt { latch: self };
+        let mut attempt = LatchAttempt {
+            latch: self,
+            round: None,
+        };
         let opened = Box::pin(wait::acquire(
             &self.client,
             &self.keys,
@@ -130,6 +146,9 @@ impl Latch {
 /// nobody.
 struct LatchAttempt<'a> {
     latch: &'a Latch,
+    /// The round the wait began in (set by its first look at a closed latch): once the latch
+    /// holds another round, or none, that round opened.
+    round: Option<String>,
 }
 
 impl Attempt for LatchAttempt<'_> {
@@ -141,19 +160,25 @@ impl Attempt for LatchAttempt<'_> {
         budget: Duration,
     ) -> Result<Tried<()>> {
         let client = &self.latch.client;
-        let count = client
+        let state = client
             .call(
                 budget,
-                commands::latch_count(&client.redis, &self.latch.keys),
+                commands::latch_state(&client.redis, &self.latch.keys),
             )
             .await?;
+        let began_in = self
+            .round
+            .get_or_insert_with(|| state.round.clone().unwrap_or_default());
+        // Open, or the round this wait began in opened and another one is counting down now.
         // Closed: nothing bounds how long (no lease); the engine looks again every second in
         // case the opening message was lost.
-        Ok(if count == 0 {
-            Tried::Granted(())
-        } else {
-            Tried::Busy(None)
-        })
+        Ok(
+            if state.count == 0 || state.round.as_ref() != Some(began_in) {
+                Tried::Granted(())
+            } else {
+                Tried::Busy(None)
+            },
+        )
     }
 
     fn lease(&self) -> Duration {

@@ -1,6 +1,7 @@
 //! [`Lock`]: a handle on one named lock, and every way to acquire it.
 
 use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -382,6 +383,7 @@ impl Lock {
             task_owned: self.owner.is_none(),
             entry: None,
             permits: self.permits,
+            place: AtomicI64::new(NO_PLACE),
         };
         // The first try's ticket is taken in the same look at the table that reads what the
         // acquire must know (one look on the hot path). It is let go before any local wait,
@@ -530,7 +532,13 @@ struct LockAttempt<'c> {
     entry: Option<WaitingEntry>,
     /// Permits a semaphore's acquisition takes.
     permits: u32,
+    /// A waiter of a kind with a line of its own: its place in line (its score, as the last
+    /// busy reply said; [`NO_PLACE`] until then). A settle of its try puts it back there.
+    place: AtomicI64,
 }
+
+/// [`LockAttempt::place`] before a busy reply gave one.
+const NO_PLACE: i64 = i64::MIN;
 
 impl Attempt for LockAttempt<'_> {
     type Grant = Granted;
@@ -682,7 +690,8 @@ impl LockAttempt<'_> {
             AcquireMode::Reenter(token) => Some(token),
             _ => None,
         };
-        let pending = DropGuard::new(|| self.settle_unanswered(reentered));
+        let waiter = matches!(mode, AcquireMode::FairWaiter { .. });
+        let pending = DropGuard::new(|| self.settle_unanswered(reentered, waiter));
         let sent_at = budget.sent_at;
         let reply = within!(
             budget,
@@ -719,8 +728,11 @@ impl LockAttempt<'_> {
                     synced,
                 }))
             }
-            Ok(commands::Acquire::Held { ttl }) => {
+            Ok(commands::Acquire::Held { ttl, place }) => {
                 pending.disarm();
+                if let Some(place) = place {
+                    self.place.store(place, Ordering::Relaxed);
+                }
                 Ok(Tried::Busy(ttl))
             }
             // No reply, or one we could not read: it may have granted a hold, which `pending`
@@ -735,10 +747,20 @@ impl LockAttempt<'_> {
     }
 
     /// Settles an acquire whose reply never came: "if the owner's count is what that acquire
-    /// produced, take one hold back". For a re-entry that is the grant's guards plus one.
-    fn settle_unanswered(&self, reentered: Option<FencingToken>) {
+    /// produced, take one hold back". For a re-entry that is the grant's guards plus one. A
+    /// `waiter`'s try of a kind with a line of its own goes back to its place in line: it is
+    /// still waiting (or leaves the line after this settle), and must not lose its turn.
+    fn settle_unanswered(&self, reentered: Option<FencingToken>, waiter: bool) {
         // A fresh grant's count is 1; a re-entry's, the grant's guards plus one.
         let produced = self.client.holds.guards_in(&self.hold, reentered) + 1;
+        let place = match self.place.load(Ordering::Relaxed) {
+            NO_PLACE => None,
+            _ if !waiter => None,
+            score => Some(commands::Place {
+                score,
+                life: self.client.holds.lease(),
+            }),
+        };
         settle(
             self.client,
             &self.hold,
@@ -746,6 +768,7 @@ impl LockAttempt<'_> {
             ReleaseKind::Now,
             produced,
             self.lease.duration(),
+            place,
         );
     }
 }

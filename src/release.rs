@@ -159,6 +159,7 @@ impl Release {
             self.kind,
             holds_before,
             self.ends_within,
+            None,
         );
     }
 }
@@ -166,6 +167,10 @@ impl Release {
 /// Settles an unanswered state change of `hold` in the background: releases one hold (or
 /// hands the last one to nobody, for `ReleaseKind::After`) if the owner's count is `expected`.
 /// Resent until Redis answers, or until `give_up_after`, when the hold has ended by itself.
+///
+/// `place`: settling a waiter's try of a kind with a line of its own, where the waiter stood in
+/// line; a grant taken back puts it there again (a settle must not cost a live waiter its
+/// place).
 pub(crate) fn settle(
     client: &Arc<ClientInner>,
     hold: &HoldId,
@@ -173,6 +178,7 @@ pub(crate) fn settle(
     kind: ReleaseKind,
     expected: u64,
     give_up_after: Duration,
+    place: Option<commands::Place>,
 ) {
     let work = {
         let (client, hold) = (client.clone(), hold.clone());
@@ -180,13 +186,14 @@ pub(crate) fn settle(
             let give_up_at = Instant::now() + give_up_after;
             let mut delay = Duration::from_millis(10);
             loop {
-                let settle = commands::release(
+                let settle = commands::settle(
                     &client.redis,
                     &client.scripts,
                     &hold,
                     token,
                     kind,
                     Some(expected),
+                    place,
                 );
                 match client.call(client.command_timeout, settle).await {
                     Ok(outcome) => {

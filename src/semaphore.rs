@@ -79,19 +79,30 @@ impl Semaphore {
     }
 
     /// Sets the number of permits if it was never set (Redisson's `trySetPermits`); returns
-    /// whether it was set. The number is kept in Redis until [`Semaphore::delete`].
-    pub async fn try_set_permits(&self, permits: u64) -> Result<bool> {
+    /// whether it was set. The number is kept in Redis until [`Semaphore::delete`]. A semaphore
+    /// has 0 to `u32::MAX` permits: every count stays exact in the scripts.
+    ///
+    /// # Errors
+    /// [`LockError::WrongKind`] when the name is in use by another kind (nothing changed).
+    pub async fn try_set_permits(&self, permits: u32) -> Result<bool> {
         self.change(SemaphoreChange::TrySet(permits)).await
     }
 
     /// Sets the number of permits, whatever it was. Lowering it below the permits taken now is
     /// allowed: new acquisitions wait until enough come back. Waiters whose permits are there
     /// now are woken.
-    pub async fn set_permits(&self, permits: u64) -> Result<()> {
+    ///
+    /// # Errors
+    /// As [`Semaphore::try_set_permits`].
+    pub async fn set_permits(&self, permits: u32) -> Result<()> {
         self.change(SemaphoreChange::Set(permits)).await.map(|_| ())
     }
 
     /// Adds permits (a negative number takes them away, as [`Semaphore::set_permits`] lowers).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] when the number would leave 0 to `u32::MAX` (nothing
+    /// changed); [`LockError::WrongKind`] as [`Semaphore::try_set_permits`].
     pub async fn add_permits(&self, permits: i64) -> Result<()> {
         self.change(SemaphoreChange::Add(permits)).await.map(|_| ())
     }

@@ -20,9 +20,12 @@
 //!
 //! The invariant this keeps: a head never sleeps past the moment the lock could have become
 //! free without telling it, whatever message it missed, because every "busy" reply carries a
-//! bound. Transient errors are retried with backoff until the deadline; at the deadline the
-//! caller learns the last such error rather than "busy" when the last try could not reach
-//! Redis.
+//! bound. Transient errors are retried with backoff until the deadline. At the deadline the
+//! caller learns "busy" (`Ok(None)`) when a try of this wait was answered and no later try
+//! failed, and the last error otherwise: the last try could not reach Redis, or nothing of this
+//! wait ever did. A subscribe that fails or runs out of time after a try was answered (a slow
+//! link to a far region: the subscriber's connect takes several round trips) does not make a
+//! busy lock look like an unreachable Redis.
 //!
 //! A kind of lock plugs in by implementing [`Attempt`] with its own scripts.
 
@@ -120,8 +123,11 @@ pub(crate) struct Wait<'a> {
     /// Giving up leaves the client's turn queue ([`Line::Shared`]).
     turn_queue: bool,
     backoff: Backoff,
-    /// The error of the last try, if it failed transiently and nothing answered since.
+    /// The error of the last try, if it failed transiently and nothing answered since (or of a
+    /// subscribe, while no try of this wait has been answered).
     last_error: Option<LockError>,
+    /// Whether a try of this wait was answered (busy): Redis was reachable.
+    answered: bool,
     /// Set when this waiter got the lock, with the grant's lease.
     granted: Option<Duration>,
     /// When a message last woke this waiter, until its next try was answered busy: a grant
@@ -184,6 +190,7 @@ impl<'a> Wait<'a> {
             turn_queue,
             backoff: Backoff(Backoff::FIRST),
             last_error: None,
+            answered: false,
             granted: None,
             woken_at: None,
         }
@@ -216,6 +223,9 @@ impl<'a> Wait<'a> {
             Ok(()) => Ok(()),
             Err(error) if error.is_transient() => {
                 tracing::debug!(lock = %self.keys.name(), %error, "subscribe failed; retrying");
+                // Once a try was answered, Redis is reachable: a subscribe that could not be
+                // completed in time does not turn "busy" into an error.
+                let error = (!self.answered).then_some(error);
                 self.backoff_after(error).await;
                 Ok(())
             }
@@ -275,8 +285,10 @@ impl<'a> Wait<'a> {
         }
     }
 
-    async fn backoff_after(&mut self, error: LockError) {
-        self.last_error = Some(error);
+    async fn backoff_after(&mut self, error: Option<LockError>) {
+        if error.is_some() {
+            self.last_error = error;
+        }
         let pause = self.backoff.next();
         tokio::time::sleep_until(self.capped(pause)).await;
     }
@@ -313,15 +325,24 @@ pub(crate) fn leave_turn_queue(client: &Arc<ClientInner>, keys: &LockKeys) {
 /// Sends the leave script for `owner`'s own entry in a line of waiters (fair, read/write,
 /// semaphore), in the background: its entry goes, and a turn reserved for it passes to the
 /// next waiter at once instead of when the entry lapses.
+///
+/// It runs after the settles of the owner's hold in flight (the hold table orders them): a
+/// settle of this waiter's last try puts the waiter back in its place in line
+/// (`keep_place.lua`), and the leave must come after it, or the entry would stay until it
+/// lapses.
 fn leave_fair_line(client: &Arc<ClientInner>, keys: &LockKeys, owner: leasehold_core::Owner) {
-    in_background(
-        client,
-        keys,
-        "leaving the line failed; the entry lapses within a lease",
-        |client, keys| async move {
-            commands::fair_leave(&client.redis, &client.scripts, &keys, &owner).await
-        },
-    );
+    use futures::FutureExt;
+    let hold = leasehold_core::HoldId::new(keys.clone(), owner.clone());
+    let work = {
+        let (client, keys) = (client.clone(), keys.clone());
+        async move {
+            let leave = commands::fair_leave(&client.redis, &client.scripts, &keys, &owner);
+            if let Err(error) = client.call(client.command_timeout, leave).await {
+                tracing::debug!(lock = %keys.name(), %error, "leaving the line failed; the entry lapses within a lease");
+            }
+        }
+    };
+    client.holds.settle(&hold, work.boxed());
 }
 
 /// Runs a waiter's clean-up command in a task of its own (the waiter is gone, or going), within
@@ -409,6 +430,7 @@ async fn wait_for<A: Attempt>(
             }
             Ok(Tried::Busy(busy_for)) => {
                 wait.last_error = None;
+                wait.answered = true;
                 wait.woken_at = None;
                 wait.backoff = Backoff(Backoff::FIRST);
                 if last || wait.expired() {
@@ -427,13 +449,14 @@ async fn wait_for<A: Attempt>(
                 if last || wait.expired() {
                     return Err(error);
                 }
-                wait.backoff_after(error).await;
+                wait.backoff_after(Some(error)).await;
             }
             Err(error) => return Err(error),
         }
         if wait.expired() {
             if let Some(error) = wait.last_error.take() {
-                // The last try (or subscribe) could not reach Redis: say so rather than "busy".
+                // The last try could not reach Redis (or nothing of this wait ever did): say so
+                // rather than "busy".
                 return Err(error);
             }
         }

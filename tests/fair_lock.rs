@@ -276,3 +276,40 @@ async fn a_killed_waiter_in_the_line_is_skipped_within_one_lease() {
 fn child_holder_entry_point() {
     common::run_child_holder_if_asked();
 }
+
+/// A fair waiter whose grant reply is lost keeps its place: the settle that takes the grant
+/// back puts it first in line again (the lock is reserved for it), and the waiter behind it
+/// does not get in first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_grant_reply_is_lost_keeps_its_place() {
+    let redis = server();
+    let name = "fair:lost-reply";
+    let holder = client(&redis.url()).await;
+    let lock = holder.fair_lock(name).unwrap();
+    let guard = lock.lock().await.unwrap();
+    let (proxy, slow) = common::slow_client(&redis).await;
+    let owner = slow.new_owner();
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let lock = slow.fair_lock(name).unwrap().with_owner(owner.clone());
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    let waiters = format!("{}:waiters", lock.keys().hash());
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client(&redis.url()).await;
+    let behind = order.spawn("behind", {
+        let lock = fast.fair_lock(name).unwrap();
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    proxy.set_latency(common::LATE_REPLY);
+    guard.unlock().await.unwrap();
+    let hash = lock.keys().hash().to_string();
+    common::came_and_went(|| cmd(&redis, &["HEXISTS", &hash, owner.id()]).as_int() == Some(1))
+        .await;
+    order.settle_a_while().await;
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}

@@ -202,7 +202,7 @@ async fn the_script_never_grants_one_owner_twice() {
     assert!(matches!(first, Acquire::Granted { hold_count: 1, .. }));
     let refused = acquire(AcquireMode::NonReentrant(None)).await.unwrap();
     assert!(
-        matches!(refused, Acquire::Held { ttl: Some(_) }),
+        matches!(refused, Acquire::Held { ttl: Some(_), .. }),
         "{refused:?}"
     );
     let waiter = commands::Waiter {
@@ -213,10 +213,82 @@ async fn the_script_never_grants_one_owner_twice() {
         .await
         .unwrap();
     assert!(
-        matches!(refused, Acquire::Held { ttl: Some(_) }),
+        matches!(refused, Acquire::Held { ttl: Some(_), .. }),
         "{refused:?}"
     );
     // The plain try treats the same hold as an orphan of a lost reply and replaces it.
     let replaced = acquire(AcquireMode::Try).await.unwrap();
     assert!(matches!(replaced, Acquire::Granted { hold_count: 1, .. }));
+}
+
+/// Every kind with a non-reentrant handle keeps the script's promise: an owner's hold (one the
+/// client no longer knows of, or another future's) is never replaced by a non-reentrant try or
+/// wait of the same owner; the answer is busy until that hold ends. The read/write lock's
+/// scripts used to ignore the flag and replace the hold as an orphan.
+#[tokio::test]
+async fn no_kinds_script_grants_a_non_reentrant_owner_twice() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let scripts = scripts();
+    let lease = Lease::new(Duration::from_secs(10)).unwrap();
+    let reads = client.rw_lock("raw:rw-read").unwrap();
+    let writes = client.rw_lock("raw:rw-write").unwrap();
+    let fair = client.fair_lock("raw:fair").unwrap();
+    for keys in [reads.read().keys(), writes.write().keys(), fair.keys()] {
+        let owner = client.new_owner();
+        let acquire = |mode| commands::acquire(client.redis(), &scripts, keys, &owner, lease, mode);
+        let first = acquire(AcquireMode::Try).await.unwrap();
+        let Acquire::Granted { fence, .. } = first else {
+            panic!("{keys:?}: {first:?}");
+        };
+        for mode in [
+            AcquireMode::NonReentrant(None),
+            AcquireMode::FairWaiter {
+                entry_life: lease,
+                non_reentrant: true,
+            },
+        ] {
+            let refused = acquire(mode).await.unwrap();
+            assert!(
+                matches!(refused, Acquire::Held { .. }),
+                "{:?} {mode:?}: {refused:?}",
+                keys.kind()
+            );
+        }
+        // The first grant is intact: its re-entry still works.
+        let again = acquire(AcquireMode::Reenter(fence)).await.unwrap();
+        assert!(
+            matches!(again, Acquire::Granted { hold_count: 2, fence: f } if f == fence),
+            "{:?}: {again:?}",
+            keys.kind()
+        );
+    }
+}
+
+/// A read/write lock's non-reentrant handles: two futures of one task take turns on each side,
+/// each with a grant of its own.
+#[tokio::test]
+async fn joined_futures_take_turns_on_both_sides_of_a_read_write_lock() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let rw = client.rw_lock("rw:non-reentrant").unwrap();
+    for side in [
+        rw.read().clone().non_reentrant(),
+        rw.write().clone().non_reentrant(),
+    ] {
+        let inside = AtomicUsize::new(0);
+        let take = || async {
+            let guard = side.lock().await.unwrap();
+            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "one at a time");
+            assert_eq!(guard.hold_count(), 1);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            let token = guard.fencing_token();
+            guard.unlock().await.unwrap();
+            token
+        };
+        let (a, b) = tokio::join!(take(), take());
+        assert_ne!(a, b, "two grants");
+    }
+    assert!(lock_keys(&redis).is_empty(), "{:?}", lock_keys(&redis));
 }

@@ -575,3 +575,133 @@ async fn every_path_on_an_expired_hold_is_not_held() {
     assert!(theirs.is_held());
     theirs.unlock().await.unwrap();
 }
+
+/// What a name is in use as, for [`every_acquire_on_a_name_of_another_kind_is_refused`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A lock, plain or fair (they share the hash and exclude each other).
+    Lock,
+    ReadWrite,
+    Semaphore,
+    Latch,
+}
+
+/// One acquire (or state change) of `kind` on `name`: the error it answered, if any.
+async fn call_as(client: &LockClient, kind: Kind, name: &str, variant: usize) -> Option<LockError> {
+    let wait = Duration::from_millis(150);
+    let result = match (kind, variant) {
+        (Kind::Lock, 0) => client.lock(name).unwrap().try_lock().await.map(|_| ()),
+        (Kind::Lock, 1) => client
+            .lock(name)
+            .unwrap()
+            .try_lock_for(wait)
+            .await
+            .map(|_| ()),
+        (Kind::Lock, 2) => client.fair_lock(name).unwrap().try_lock().await.map(|_| ()),
+        (Kind::Lock, _) => client
+            .fair_lock(name)
+            .unwrap()
+            .try_lock_for(wait)
+            .await
+            .map(|_| ()),
+        (Kind::ReadWrite, 0) => client
+            .rw_lock(name)
+            .unwrap()
+            .read()
+            .try_lock()
+            .await
+            .map(|_| ()),
+        (Kind::ReadWrite, 1) => {
+            let rw = client.rw_lock(name).unwrap();
+            rw.read().try_lock_for(wait).await.map(|_| ())
+        }
+        (Kind::ReadWrite, 2) => client
+            .rw_lock(name)
+            .unwrap()
+            .write()
+            .try_lock()
+            .await
+            .map(|_| ()),
+        (Kind::ReadWrite, _) => {
+            let rw = client.rw_lock(name).unwrap();
+            rw.write().try_lock_for(wait).await.map(|_| ())
+        }
+        (Kind::Semaphore, 0) => client
+            .semaphore(name)
+            .unwrap()
+            .try_acquire(1)
+            .await
+            .map(|_| ()),
+        (Kind::Semaphore, 1) => {
+            let semaphore = client.semaphore(name).unwrap();
+            semaphore.try_acquire_for(1, wait).await.map(|_| ())
+        }
+        (Kind::Semaphore, 2) => client.semaphore(name).unwrap().set_permits(3).await,
+        (Kind::Semaphore, _) => client.semaphore(name).unwrap().add_permits(1).await,
+        (Kind::Latch, 0) => client
+            .latch(name)
+            .unwrap()
+            .try_set_count(2)
+            .await
+            .map(|_| ()),
+        (Kind::Latch, 1) => client.latch(name).unwrap().count_down().await.map(|_| ()),
+        (Kind::Latch, 2) => client.latch(name).unwrap().wait_for(wait).await.map(|_| ()),
+        (Kind::Latch, _) => client.latch(name).unwrap().count().await.map(|_| ()),
+    };
+    result.err()
+}
+
+/// Every acquire (and every state change of a semaphore or latch) on a name in use by another
+/// kind is refused with `WrongKind`, and writes nothing: one name is one resource. A lock and
+/// a fair lock are one kind (the same hash; they exclude each other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acquire_on_a_name_of_another_kind_is_refused_and_changes_nothing() {
+    let redis = server();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    // One name per kind, in use: held (or counting) by this client.
+    let lock = client.lock("kinds:lock").unwrap();
+    let _held = lock.lock().await.unwrap();
+    let rw = client.rw_lock("kinds:rw").unwrap();
+    let _read = rw.read().lock().await.unwrap();
+    let semaphore = client.semaphore("kinds:semaphore").unwrap();
+    semaphore.set_permits(2).await.unwrap();
+    let _permit = semaphore.acquire(1).await.unwrap();
+    let latch = client.latch("kinds:latch").unwrap();
+    assert!(latch.try_set_count(3).await.unwrap());
+    let names = [
+        (Kind::Lock, "kinds:lock"),
+        (Kind::ReadWrite, "kinds:rw"),
+        (Kind::Semaphore, "kinds:semaphore"),
+        (Kind::Latch, "kinds:latch"),
+    ];
+    let words = |kind: Kind| match kind {
+        Kind::Lock => "lock",
+        Kind::ReadWrite => "read/write lock",
+        Kind::Semaphore => "semaphore",
+        Kind::Latch => "count-down latch",
+    };
+    for (held, name) in names {
+        let before = common::snapshot(&redis, name);
+        for (asked, _) in names.iter().filter(|(kind, _)| *kind != held) {
+            // A read of a lock's name as a semaphore or a latch cannot tell a plain lock's
+            // hash from no hash without a script: those reads answer "none set".
+            for variant in 0..4 {
+                let read_only = matches!((asked, variant), (Kind::Latch, 2 | 3));
+                if held == Kind::Lock && read_only {
+                    continue;
+                }
+                let error = call_as(&client, *asked, name, variant).await;
+                assert!(
+                    matches!(&error, Some(LockError::WrongKind { name: n, held_as, asked_as })
+                        if n == name && held_as == words(held) && asked_as == words(*asked)),
+                    "{asked:?} call {variant} on a {held:?}'s name: {error:?}"
+                );
+                assert_eq!(
+                    common::snapshot(&redis, name),
+                    before,
+                    "{asked:?} call {variant} on a {held:?}'s name changed it"
+                );
+            }
+        }
+    }
+}

@@ -533,3 +533,52 @@ async fn an_acquire_whose_reply_was_lost_is_rolled_back() {
     assert_eq!(guard.hold_count(), 1);
     guard.unlock().await.unwrap();
 }
+
+/// Tokens stay exact and distinct over the counter's whole range: a counter written past 2^53
+/// (a server clock far ahead, or a value set from outside) keeps handing out consecutive
+/// tokens, not doubles that repeat; at the ceiling (2^63 - 1) the counter counts as lost, as
+/// after a restart, and tokens continue from the server time.
+#[tokio::test]
+async fn fencing_tokens_stay_exact_and_distinct_above_two_to_the_fifty_third() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("fence:high").unwrap();
+    let counter = lock.keys().fence().to_string();
+    let two_53: u64 = 1 << 53;
+    cmd(&redis, &["SET", &counter, &two_53.to_string()]);
+    let mut tokens = Vec::new();
+    for _ in 0..6 {
+        let guard = lock.try_lock().await.unwrap().expect("free");
+        tokens.push(guard.fencing_token().get());
+        guard.unlock().await.unwrap();
+    }
+    let expected: Vec<u64> = (1..=6).map(|i| two_53 + i).collect();
+    assert_eq!(tokens, expected, "consecutive, exact tokens past 2^53");
+    assert_eq!(
+        cmd(&redis, &["GET", &counter]).as_str(),
+        Some((two_53 + 6).to_string())
+    );
+
+    // Next to the ceiling: the last token below it is exact too.
+    let below_max = (i64::MAX - 1).to_string();
+    cmd(&redis, &["SET", &counter, &below_max]);
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    assert_eq!(guard.fencing_token().get(), i64::MAX as u64);
+    guard.unlock().await.unwrap();
+    // At the ceiling the counter counts as lost: the next token is the server time in
+    // microseconds, and the counter holds it.
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let token = guard.fencing_token().get();
+    let now_us = {
+        let time = cmd(&redis, &["TIME"]);
+        let parts = time.as_array().unwrap();
+        let secs: u64 = parts[0].as_str().unwrap().parse().unwrap();
+        let micros: u64 = parts[1].as_str().unwrap().parse().unwrap();
+        secs * 1_000_000 + micros
+    };
+    assert!(
+        token <= now_us && now_us - token < 60_000_000,
+        "after the ceiling, {token} should be the server time (about {now_us})"
+    );
+    guard.unlock().await.unwrap();
+}

@@ -473,3 +473,79 @@ async fn a_renewal_does_not_revive_an_ended_hold() {
     assert_eq!(renewed, vec![false]);
     std::mem::forget(r);
 }
+
+/// Unlocking a read hold whose lease ended is `NotHeld`, even while another reader's longer
+/// lease keeps the lock's hash alive (its guard already said it was lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlocking_an_expired_read_hold_is_not_held() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let name = "rw:expired-read";
+    let rw = client.rw_lock(name).unwrap();
+    let other = client.rw_lock(name).unwrap().with_owner(client.new_owner());
+    let long = other.read().lock().await.unwrap();
+    let short = rw
+        .read()
+        .lock_with_lease(Duration::from_millis(200))
+        .await
+        .unwrap();
+    let member = format!("~r:{}", short.owner());
+    short.lost().await;
+    // Past its lease in Redis too (the guard's own deadline comes a little earlier).
+    let leases = format!("{}:leases", rw.read().keys().hash());
+    let expired_in_redis = || {
+        let score = common::cmd(&redis, &["ZSCORE", &leases, &member]).as_str();
+        let time = common::cmd(&redis, &["TIME"]);
+        let parts = time.as_array().unwrap();
+        let now_ms = parts[0].as_str().unwrap().parse::<f64>().unwrap() * 1000.0
+            + parts[1].as_str().unwrap().parse::<f64>().unwrap() / 1000.0;
+        score.is_some_and(|s| s.parse::<f64>().unwrap() <= now_ms)
+    };
+    assert!(eventually(Duration::from_secs(5), expired_in_redis).await);
+    assert!(
+        matches!(short.unlock().await, Err(LockError::NotHeld { .. })),
+        "an expired read hold is not held"
+    );
+    long.unlock().await.unwrap();
+    assert!(lock_keys(&redis).is_empty(), "{:?}", lock_keys(&redis));
+}
+
+/// A read/write lock's waiter at the head of the line (a writer) whose grant reply is lost keeps
+/// its place: the settle that takes the grant back reserves the lock for it again, and the
+/// reader behind it does not get in first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_at_the_head_whose_grant_reply_is_lost_keeps_its_place() {
+    let redis = server();
+    let name = "rw:lost-reply";
+    let holder = client(&redis.url()).await;
+    let rw = holder.rw_lock(name).unwrap();
+    let guard = rw.write().lock().await.unwrap();
+    let (proxy, slow) = common::slow_client(&redis).await;
+    let owner = slow.new_owner();
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let rw = slow.rw_lock(name).unwrap().with_owner(owner.clone());
+        async move { rw.write().lock().await.map(|g| g.detach()) }
+    });
+    let waiters = format!("{}:waiters", rw.read().keys().hash());
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client(&redis.url()).await;
+    let behind = order.spawn("behind", {
+        let rw = fast.rw_lock(name).unwrap();
+        async move { rw.read().lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    proxy.set_latency(common::LATE_REPLY);
+    guard.unlock().await.unwrap();
+    // The head's try got the lock and its late reply made the client take it back.
+    let hash = rw.read().keys().hash().to_string();
+    common::came_and_went(|| {
+        common::cmd(&redis, &["HEXISTS", &hash, owner.id()]).as_int() == Some(1)
+    })
+    .await;
+    order.settle_a_while().await;
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}

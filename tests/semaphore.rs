@@ -35,7 +35,7 @@ async fn never_more_than_n_at_once() {
     assert!(clients[0]
         .semaphore("exports")
         .unwrap()
-        .try_set_permits(N as u64)
+        .try_set_permits(N as u32)
         .await
         .unwrap());
     let intervals = Arc::new(Mutex::new(Vec::new()));
@@ -427,15 +427,250 @@ async fn force_unlock_leaves_semaphores_and_latches_alone() {
     let permit = semaphore.acquire(1).await.unwrap();
     assert!(matches!(
         a.lock("pool").unwrap().force_unlock().await,
-        Err(LockError::WrongType { .. })
+        Err(LockError::WrongKind { held_as, .. }) if held_as == "semaphore"
     ));
     let latch = a.latch("gate").unwrap();
     latch.try_set_count(1).await.unwrap();
     assert!(matches!(
         a.lock("gate").unwrap().force_unlock().await,
-        Err(LockError::WrongType { .. })
+        Err(LockError::WrongKind { held_as, .. }) if held_as == "count-down latch"
     ));
     assert_eq!(latch.count().await.unwrap(), 1);
     assert_eq!(semaphore.available_permits().await.unwrap(), 1);
     permit.release().await.unwrap();
+}
+
+/// A semaphore's number of permits is exact over its whole range (0 to `u32::MAX`), and a
+/// change that would leave it is refused with `InvalidArgument` before anything changes (the
+/// number is not rounded, nor stored as a double that later reads cannot parse).
+#[tokio::test]
+async fn permit_counts_are_exact_over_their_range_or_refused() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let semaphore = client.semaphore("sem:range").unwrap();
+    semaphore.set_permits(u32::MAX).await.unwrap();
+    assert_eq!(semaphore.permits().await.unwrap(), u64::from(u32::MAX));
+    assert_eq!(
+        semaphore.available_permits().await.unwrap(),
+        i64::from(u32::MAX)
+    );
+    let permit = semaphore
+        .try_acquire(3)
+        .await
+        .unwrap()
+        .expect("there are plenty");
+    assert_eq!(
+        semaphore.available_permits().await.unwrap(),
+        i64::from(u32::MAX) - 3
+    );
+    permit.release().await.unwrap();
+    for refused in [1, i64::MAX, i64::MIN, i64::from(u32::MAX) + 1] {
+        assert!(
+            matches!(
+                semaphore.add_permits(refused).await,
+                Err(LockError::InvalidArgument(_))
+            ),
+            "adding {refused} to {} permits",
+            u32::MAX
+        );
+        assert_eq!(semaphore.permits().await.unwrap(), u64::from(u32::MAX));
+    }
+    semaphore.set_permits(1).await.unwrap();
+    assert!(matches!(
+        semaphore.add_permits(-2).await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        semaphore.add_permits(i64::MAX).await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    assert_eq!(semaphore.permits().await.unwrap(), 1);
+    semaphore.add_permits(-1).await.unwrap();
+    assert_eq!(semaphore.permits().await.unwrap(), 0);
+    semaphore.add_permits(i64::from(u32::MAX)).await.unwrap();
+    assert_eq!(semaphore.permits().await.unwrap(), u64::from(u32::MAX));
+    // The stored number is the decimal integer itself.
+    assert_eq!(
+        cmd(&redis, &["HGET", semaphore.keys().hash(), "~permits"]).as_str(),
+        Some(u32::MAX.to_string())
+    );
+}
+
+/// A read/write or fair acquire on a semaphore's name is refused with `WrongKind` and changes
+/// nothing: before, a read try was granted, its prune dropped an expired permit's fields
+/// without giving the permit back (it leaked for good) and put a TTL on the semaphore's hash,
+/// and a fair waiter put an entry into the semaphore's line that its watchdog kept alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_kinds_acquire_on_a_semaphores_name_is_refused_and_changes_nothing() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let name = "sem:shared-name";
+    let semaphore = client.semaphore(name).unwrap();
+    semaphore.set_permits(2).await.unwrap();
+    // An expired permit not given back yet, and a live one.
+    let expired = semaphore
+        .acquire_with_lease(1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    let live = semaphore.acquire(1).await.unwrap();
+    expired.lost().await;
+    let hash = semaphore.keys().hash().to_string();
+    let before = common::snapshot(&redis, name);
+
+    let rw = client.rw_lock(name).unwrap();
+    let fair = client.fair_lock(name).unwrap();
+    let plain = client.lock(name).unwrap();
+    for refused in [
+        rw.read().try_lock().await.map(|g| g.is_some()),
+        rw.write().try_lock().await.map(|g| g.is_some()),
+        rw.read()
+            .try_lock_for(Duration::from_millis(200))
+            .await
+            .map(|g| g.is_some()),
+        fair.try_lock_for(Duration::from_millis(200))
+            .await
+            .map(|g| g.is_some()),
+        plain
+            .try_lock_for(Duration::from_millis(200))
+            .await
+            .map(|g| g.is_some()),
+        plain.try_lock().await.map(|g| g.is_some()),
+    ] {
+        assert!(
+            matches!(
+                &refused,
+                Err(LockError::WrongKind { name: n, held_as, .. })
+                    if n == name && held_as == "semaphore"
+            ),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(common::snapshot(&redis, name), before, "nothing changed");
+    assert_eq!(
+        common::pttl(&redis, &hash),
+        -1,
+        "the semaphore's hash has no TTL"
+    );
+    assert_eq!(
+        client.watchdog_stats().holds,
+        1,
+        "only the live permit is renewed"
+    );
+    drop(live);
+    // The expired permit comes back: both can be taken.
+    let both = semaphore
+        .try_acquire_for(2, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("both permits are free");
+    both.release().await.unwrap();
+}
+
+/// A latch waiter of round k goes when round k opens, even when round k + 1 starts at once and
+/// the count the woken waiter reads is the new round's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_waiter_opens_when_the_next_round_starts_at_once() {
+    let redis = server();
+    // The waiter's messages come late, so that the next round is set before it looks.
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let waiting = client(&proxy.url()).await;
+    let counting = client(&redis.url()).await;
+    let latch = counting.latch("latch:rounds").unwrap();
+    assert!(latch.try_set_count(1).await.unwrap());
+    let waiter = {
+        let latch = waiting.latch("latch:rounds").unwrap();
+        tokio::spawn(async move { latch.wait_for(Duration::from_secs(4)).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || waiting.subscribed_channels()
+            == 1)
+        .await,
+        "the waiter subscribed"
+    );
+    proxy.set_latency(Duration::from_millis(50));
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    assert!(
+        latch.try_set_count(1).await.unwrap(),
+        "the next round starts"
+    );
+    assert!(
+        waiter.await.unwrap().unwrap(),
+        "the waiter of the first round went"
+    );
+    assert_eq!(
+        latch.count().await.unwrap(),
+        1,
+        "the next round is counting"
+    );
+}
+
+/// Latch counts are 1 to `u32::MAX`, exact; a latch call on another kind's name is refused.
+#[tokio::test]
+async fn latch_counts_are_exact_and_other_kinds_names_refused() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let latch = client.latch("latch:big").unwrap();
+    assert!(latch.try_set_count(u32::MAX).await.unwrap());
+    assert_eq!(latch.count().await.unwrap(), u64::from(u32::MAX));
+    assert_eq!(latch.count_down().await.unwrap(), u64::from(u32::MAX) - 1);
+    let semaphore = client.semaphore("latch:big").unwrap();
+    assert!(matches!(
+        semaphore.set_permits(1).await,
+        Err(LockError::WrongKind { .. })
+    ));
+    let other = client.semaphore("sem:not-a-latch").unwrap();
+    other.set_permits(1).await.unwrap();
+    let wrong = client.latch("sem:not-a-latch").unwrap();
+    for refused in [
+        wrong.try_set_count(1).await.map(|_| 0),
+        wrong.count_down().await,
+        wrong.count().await,
+    ] {
+        assert!(
+            matches!(&refused, Err(LockError::WrongKind { held_as, asked_as, .. })
+                if held_as == "semaphore" && asked_as == "count-down latch"),
+            "{refused:?}"
+        );
+    }
+    assert!(matches!(
+        wrong.wait_for(Duration::from_millis(100)).await,
+        Err(LockError::WrongKind { .. })
+    ));
+}
+
+/// A large request at the head of a semaphore's line whose grant reply is lost keeps its place:
+/// the settle that gives its permits back puts it first in line again, and the small request
+/// behind it does not take a permit first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_request_whose_grant_reply_is_lost_keeps_its_place() {
+    let redis = server();
+    let name = "sem:lost-reply";
+    let holder = client(&redis.url()).await;
+    let semaphore = holder.semaphore(name).unwrap();
+    semaphore.set_permits(2).await.unwrap();
+    let all = semaphore.acquire(2).await.unwrap();
+    let (proxy, slow) = common::slow_client(&redis).await;
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let semaphore = slow.semaphore(name).unwrap();
+        async move { semaphore.acquire(2).await }
+    });
+    let waiters = format!("{}:waiters", semaphore.keys().hash());
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client(&redis.url()).await;
+    let behind = order.spawn("behind", {
+        let semaphore = fast.semaphore(name).unwrap();
+        async move { semaphore.acquire(1).await }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    proxy.set_latency(common::LATE_REPLY);
+    all.release().await.unwrap();
+    let hash = semaphore.keys().hash().to_string();
+    let used = || cmd(&redis, &["HGET", &hash, "~used"]).as_str();
+    common::came_and_went(|| used().as_deref() == Some("2")).await;
+    order.settle_a_while().await;
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
 }

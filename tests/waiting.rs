@@ -427,3 +427,41 @@ async fn waiting_works_over_resp3() {
     guard.unlock().await.unwrap();
     assert!(waiter.await.unwrap().unwrap());
 }
+
+/// A bounded wait over a slow but healthy link (100 ms each way) on a lock another client
+/// holds says "busy" (`Ok(None)`): its first try was answered busy, and the time it then spent
+/// opening the subscriber connection does not make Redis look unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_wait_on_a_slow_link_says_busy() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let lock = holder.lock("slow:busy").unwrap();
+    let _held = lock.lock().await.unwrap();
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    proxy.set_latency(Duration::from_millis(100));
+    let far = client(&proxy.url()).await;
+    let far_lock = far.lock("slow:busy").unwrap();
+    let started = Instant::now();
+    let waited = far_lock.try_lock_for(Duration::from_millis(300)).await;
+    assert!(
+        matches!(waited, Ok(None)),
+        "a busy lock over a slow link: {waited:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "bounded");
+}
+
+/// The same wait over a dead link says it could not reach Redis (a transient error), not
+/// "busy".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_wait_on_a_dead_link_says_unreachable() {
+    let redis = server();
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let far = client(&proxy.url()).await;
+    let lock = far.lock("dead:link").unwrap();
+    proxy.partition();
+    let waited = lock.try_lock_for(Duration::from_millis(300)).await;
+    assert!(
+        matches!(&waited, Err(error) if error.is_transient()),
+        "an unreachable Redis: {waited:?}"
+    );
+}

@@ -256,3 +256,83 @@ pub async fn release_as(
     let hold = leasehold_core::HoldId::new(keys.clone(), owner.clone());
     leasehold_core::commands::release(redis, &scripts(), &hold, None, kind, expected).await
 }
+
+/// Every key of the name `name` (default prefix; the per-slot fencing counters excluded) with
+/// its DUMP and whether it has a TTL: what "nothing changed" is checked against.
+pub fn snapshot(server: &RedisServer, name: &str) -> Vec<(String, Option<String>, bool)> {
+    keys(server, &format!("leasehold:{{{name}}}*"))
+        .into_iter()
+        .map(|key| {
+            let dump = match cmd(server, &["DUMP", &key]) {
+                RespValue::Bulk(bytes) => Some(format!("{bytes:?}")),
+                _ => None,
+            };
+            let ttl = pttl(server, &key) >= 0;
+            (key, dump, ttl)
+        })
+        .collect()
+}
+
+/// The proxy latency (each way) that makes every reply of a [`slow_client`] come after its
+/// command timeout, while its commands still run in Redis.
+pub const LATE_REPLY: Duration = Duration::from_millis(150);
+
+/// A client behind a proxy with a 200 ms command timeout: with the proxy's latency at
+/// [`LATE_REPLY`], its replies come too late (the command ran; the client settles it).
+pub async fn slow_client(redis: &RedisServer) -> (leasehold_testkit::Proxy, LockClient) {
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let client = LockClient::builder(&proxy.url())
+        .command_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .expect("connect");
+    (proxy, client)
+}
+
+/// Waits until `condition` holds, then until it no longer does: a state Redis showed for a
+/// moment (a grant that a settle took back). Fails after 20 s either way.
+pub async fn came_and_went(mut condition: impl FnMut() -> bool) {
+    assert!(
+        eventually(Duration::from_secs(20), &mut condition).await,
+        "the state never came"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || !condition()).await,
+        "the state never went"
+    );
+}
+
+/// The order in which waiters got in: each spawned waiter writes its label when granted.
+#[derive(Clone, Default)]
+pub struct Order(std::sync::Arc<parking_lot::Mutex<Vec<&'static str>>>);
+
+impl Order {
+    /// Spawns `acquire` (it returns a detached guard), records `label` once it is granted, then
+    /// releases. The task fails the test on an error, or when it is not granted within 30 s.
+    pub fn spawn<G, F>(&self, label: &'static str, acquire: F) -> tokio::task::JoinHandle<()>
+    where
+        F: std::future::Future<Output = leasehold::Result<G>> + Send + 'static,
+        G: Send + 'static,
+    {
+        let order = self.clone();
+        tokio::spawn(async move {
+            let guard = tokio::time::timeout(Duration::from_secs(30), acquire)
+                .await
+                .unwrap_or_else(|_| panic!("{label} was not granted within 30 s"))
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+            order.0.lock().push(label);
+            drop(guard);
+        })
+    }
+
+    /// The labels, in the order they were granted.
+    pub fn served(&self) -> Vec<&'static str> {
+        self.0.lock().clone()
+    }
+
+    /// Gives a waiter that should not get in now the time to (a second), unless one got in
+    /// already.
+    pub async fn settle_a_while(&self) {
+        eventually(Duration::from_secs(1), || !self.0.lock().is_empty()).await;
+    }
+}

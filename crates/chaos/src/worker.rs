@@ -732,7 +732,7 @@ async fn hold_permit(
 /// `try_set_permits`, recording when it set the number (it was gone); errors are left to the
 /// next try.
 async fn set_permits(ctx: &Ctx, semaphore: &Semaphore, res: u32, op: Option<u64>) {
-    let permits = u64::from(ctx.config.sem_permits);
+    let permits = ctx.config.sem_permits;
     if let Ok(true) = semaphore.try_set_permits(permits).await {
         ctx.record(Event::PermitsSet {
             t: now_us(),

@@ -32,8 +32,8 @@ use std::collections::HashMap;
 
 use fred::types::Value;
 use leasehold_core::protocol::{
-    FENCE_FIELD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX,
-    READ_FIELD_PREFIX, USED_FIELD, WRITER_FIELD,
+    FENCE_FIELD, KIND_FIELD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX,
+    READ_FIELD_PREFIX, ROUND_FIELD, USED_FIELD, WRITER_FIELD,
 };
 use serde::Serialize;
 
@@ -199,6 +199,13 @@ pub fn read_hash(
     queued: Option<Kind>,
     leases: &HashMap<String, i64>,
 ) -> Option<HashReading> {
+    // The kind a name is in use as is in its `~kind` field (none: a lock, plain or fair).
+    match fields.get(KIND_FIELD).map(String::as_str) {
+        Some("latch") => return read_latch(fields),
+        Some("semaphore") => return read_semaphore(fields, leases),
+        Some("rw") | None => {}
+        Some(_) => return None,
+    }
     if fields.contains_key(LATCH_FIELD) {
         return read_latch(fields);
     }
@@ -211,7 +218,7 @@ pub fn read_hash(
             || field.starts_with(READ_FIELD_PREFIX)
             || field.starts_with(READ_FENCE_FIELD_PREFIX)
     });
-    let kind = if rw_fields || !leases.is_empty() {
+    let kind = if rw_fields || !leases.is_empty() || fields.contains_key(KIND_FIELD) {
         Kind::Rwlock
     } else {
         queued.unwrap_or(Kind::Lock)
@@ -245,10 +252,13 @@ pub fn read_hash(
     })
 }
 
-/// A latch hash: `~latch` -> the count, and nothing else (`None` otherwise: not what the latch's
-/// scripts write).
+/// A latch hash: `~latch` -> the count, its `~kind` and `~round`, and nothing else (`None`
+/// otherwise: not what the latch's scripts write).
 fn read_latch(fields: &HashMap<String, String>) -> Option<HashReading> {
-    if fields.len() != 1 {
+    if fields
+        .keys()
+        .any(|field| ![LATCH_FIELD, KIND_FIELD, ROUND_FIELD].contains(&field.as_str()))
+    {
         return None;
     }
     let count = fields.get(LATCH_FIELD)?.parse::<u64>().ok()?;
@@ -279,7 +289,7 @@ fn read_semaphore(
     };
     let mut holders = Vec::new();
     for (field, value) in fields {
-        if field == PERMITS_FIELD || field == USED_FIELD {
+        if field == PERMITS_FIELD || field == USED_FIELD || field == KIND_FIELD {
             continue;
         }
         if let Some(id) = field.strip_prefix(READ_FENCE_FIELD_PREFIX) {
@@ -361,7 +371,7 @@ fn read_rw_fields(
     let writer = fields.get(WRITER_FIELD);
     let mut holders = Vec::new();
     for (field, value) in fields {
-        if [FENCE_FIELD, MODE_FIELD, WRITER_FIELD].contains(&field.as_str())
+        if [FENCE_FIELD, MODE_FIELD, WRITER_FIELD, KIND_FIELD].contains(&field.as_str())
             || field.starts_with(READ_FENCE_FIELD_PREFIX)
         {
             continue;

@@ -65,7 +65,20 @@ pub enum Acquire {
     Held {
         /// How long the holder's lease (or the reservation) has left (`None`: no TTL).
         ttl: Option<Duration>,
+        /// A waiter's try of a kind with a line of its own: the waiter's place (its score in
+        /// the line). A settle of a later try of the waiter puts it back there.
+        place: Option<i64>,
     },
+}
+
+/// Where a waiter stood in its line, for a settle that takes back the grant of its try whose
+/// reply never came (`scripts/keep_place.lua`): the waiter goes back there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// Its score in the line, as the busy reply that queued it said.
+    pub score: i64,
+    /// Its entry's lifetime: the watchdog's lease.
+    pub life: Lease,
 }
 
 /// The reply of the release and release-after scripts.
@@ -185,7 +198,9 @@ pub async fn acquire_permits<C: LuaInterface + Send + Sync>(
             (key_list.into(), Value::Array(args))
         })
         .await
-        .map_err(|e| from_fred(e, &[keys.hash(), keys.fence(), keys.queue()]))?;
+        .map_err(|e| {
+            from_fred(e, &[keys.hash(), keys.fence(), keys.queue()]).naming(keys.name())
+        })?;
     acquire_reply(reply)
 }
 
@@ -284,17 +299,30 @@ async fn kind_acquire<C: LuaInterface + Send + Sync>(
     acquire_reply(reply)
 }
 
-/// What [`semaphore_set`] does.
+/// What [`semaphore_set`] does. A semaphore has 0 to `u32::MAX` permits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SemaphoreChange {
     /// Set the number of permits only if it was never set.
-    TrySet(u64),
+    TrySet(u32),
     /// Set the number of permits.
-    Set(u64),
-    /// Add this many permits (negative: take them away).
+    Set(u32),
+    /// Add this many permits (negative: take them away); the result must be 0 to `u32::MAX`.
     Add(i64),
     /// Delete the semaphore.
     Delete,
+}
+
+/// The kind a name is in use as, from its hash's `~kind` field (`None`: no field, a lock's hash
+/// or no hash), refused with [`LockError::WrongKind`] unless it is `wanted`.
+fn check_kind(keys: &LockKeys, held: Option<&str>, wanted: &str) -> Result<()> {
+    match held {
+        Some(kind) if kind != wanted => Err(LockError::WrongKind {
+            name: keys.name().to_string(),
+            held_as: crate::error::kind_word(kind).to_string(),
+            asked_as: crate::error::kind_word(wanted).to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Changes a semaphore's number of permits, or deletes it (`scripts/sem/set.lua`); waiters
@@ -306,13 +334,17 @@ pub async fn semaphore_set<C: LuaInterface + Send + Sync>(
     change: SemaphoreChange,
 ) -> Result<bool> {
     let prefix = keys.waiter_channel_prefix();
-    let number = |n: u64| {
-        i64::try_from(n)
-            .map_err(|_| LockError::InvalidArgument(format!("{n} permits: at most {}", i64::MAX)))
-    };
     let (op, n) = match change {
-        SemaphoreChange::TrySet(n) => ("try", number(n)?),
-        SemaphoreChange::Set(n) => ("set", number(n)?),
+        SemaphoreChange::TrySet(n) => ("try", i64::from(n)),
+        SemaphoreChange::Set(n) => ("set", i64::from(n)),
+        // The script checks the sum; a larger step could only take it out of range (and would
+        // not be exact in Lua's doubles).
+        SemaphoreChange::Add(n) if n.unsigned_abs() > u64::from(u32::MAX) => {
+            return Err(LockError::InvalidArgument(format!(
+                "adding {n} permits: a semaphore has 0 to {} permits",
+                u32::MAX
+            )));
+        }
         SemaphoreChange::Add(n) => ("add", n),
         SemaphoreChange::Delete => ("delete", 0),
     };
@@ -326,46 +358,52 @@ pub async fn semaphore_set<C: LuaInterface + Send + Sync>(
             )
         })
         .await
-        .map_err(|e| script_error(keys, &names, e))?;
+        .map_err(|e| script_error(keys, &names, e).naming(keys.name()))?;
     Ok(changed == 1)
 }
 
 /// A semaphore's number of permits and the permits taken now (`None` when never set).
+///
+/// # Errors
+/// [`LockError::WrongKind`] when the name is a read/write lock's or a latch's.
 pub async fn semaphore_state<C: fred::interfaces::HashesInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,
 ) -> Result<Option<(i64, i64)>> {
-    let fields: (Option<i64>, Option<i64>) = resend_not_run(|| {
+    let fields: (Option<i64>, Option<i64>, Option<String>) = resend_not_run(|| {
         client.hmget(
             keys.hash_str(),
-            vec![crate::protocol::PERMITS_FIELD, crate::protocol::USED_FIELD],
+            vec![
+                crate::protocol::PERMITS_FIELD,
+                crate::protocol::USED_FIELD,
+                crate::protocol::KIND_FIELD,
+            ],
         )
     })
     .await
     .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    check_kind(keys, fields.2.as_deref(), "semaphore")?;
     Ok(fields.0.map(|permits| (permits, fields.1.unwrap_or(0))))
 }
 
-/// Sets a count-down latch's count if it is not counting down (`scripts/latch/set_count.lua`).
+/// Sets a count-down latch's count if it is not counting down (`scripts/latch/set_count.lua`):
+/// a new round begins.
 pub async fn latch_set_count<C: LuaInterface + Send + Sync>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
-    count: u64,
+    count: u32,
 ) -> Result<bool> {
-    let count = i64::try_from(count).map_err(|_| {
-        LockError::InvalidArgument(format!("a latch count of {count}: at most {}", i64::MAX))
-    })?;
     let set: i64 = scripts
         .latch_set_count
         .call(client, || {
             (
-                Key::from(keys.hash_str()).into(),
-                Value::Array(vec![Value::from(count)]),
+                vec![Key::from(keys.hash_str()), Key::from(keys.fence_str())].into(),
+                Value::Array(vec![Value::from(i64::from(count))]),
             )
         })
         .await
-        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+        .map_err(|e| from_fred(e, &[keys.hash(), keys.fence()]).naming(keys.name()))?;
     Ok(set == 1)
 }
 
@@ -384,20 +422,46 @@ pub async fn latch_count_down<C: LuaInterface + Send + Sync>(
             )
         })
         .await
-        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+        .map_err(|e| from_fred(e, &[keys.hash()]).naming(keys.name()))?;
     Ok(left.max(0) as u64)
 }
 
-/// A latch's count (0: open).
-pub async fn latch_count<C: fred::interfaces::HashesInterface + Send + Sync>(
+/// A latch as one read sees it ([`latch_state`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LatchState {
+    /// The count (0: open).
+    pub count: u64,
+    /// The id of the round counting down (`None` while open). Ids never repeat: a waiter whose
+    /// round was `r` knows it opened once the latch holds another round, or none.
+    pub round: Option<String>,
+}
+
+/// A latch's count and round.
+///
+/// # Errors
+/// [`LockError::WrongKind`] when the name is a read/write lock's or a semaphore's.
+pub async fn latch_state<C: fred::interfaces::HashesInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,
-) -> Result<u64> {
-    let count: Option<i64> =
-        resend_not_run(|| client.hget(keys.hash_str(), crate::protocol::LATCH_FIELD))
-            .await
-            .map_err(|e| from_fred(e, &[keys.hash()]))?;
-    Ok(count.unwrap_or(0).max(0) as u64)
+) -> Result<LatchState> {
+    let (count, round, kind): (Option<i64>, Option<String>, Option<String>) =
+        resend_not_run(|| {
+            client.hmget(
+                keys.hash_str(),
+                vec![
+                    crate::protocol::LATCH_FIELD,
+                    crate::protocol::ROUND_FIELD,
+                    crate::protocol::KIND_FIELD,
+                ],
+            )
+        })
+        .await
+        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    check_kind(keys, kind.as_deref(), "latch")?;
+    Ok(LatchState {
+        count: count.unwrap_or(0).max(0) as u64,
+        round,
+    })
 }
 
 /// Reads an acquire script's reply (plain and fair alike).
@@ -418,6 +482,7 @@ fn acquire_reply(reply: Value) -> Result<Acquire> {
     match (int_at(values, 0), int_at(values, 1)) {
         (Some(0), Some(pttl)) => Ok(Acquire::Held {
             ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+            place: int_at(values, 2),
         }),
         (Some(count), Some(fence)) if count > 1 && fence >= 0 => Ok(Acquire::Granted {
             hold_count: count as u64,
@@ -439,12 +504,30 @@ pub async fn release<C: LuaInterface + Send + Sync>(
     kind: ReleaseKind,
     expected: Option<u64>,
 ) -> Result<Release> {
+    settle(client, scripts, hold, token, kind, expected, None).await
+}
+
+/// As [`release`]; settling an unanswered try of a waiter of a kind with a line of its own,
+/// `place` is where it stood: the grant taken back, it goes back there (a settle must not cost
+/// a live waiter its place).
+pub async fn settle<C: LuaInterface + Send + Sync>(
+    client: &C,
+    scripts: &Scripts,
+    hold: &HoldId,
+    token: Option<FencingToken>,
+    kind: ReleaseKind,
+    expected: Option<u64>,
+    place: Option<Place>,
+) -> Result<Release> {
     let keys = &hold.keys;
     let reply: Value = match kind {
         // The other kinds' releases are boxed: inline, their futures would widen the plain
         // lock's release, the hottest path after the acquire.
         ReleaseKind::Now if keys.kind() != LockKind::Plain => {
-            Box::pin(release_of_kind(client, scripts, hold, token, expected)).await
+            Box::pin(release_of_kind(
+                client, scripts, hold, token, expected, place,
+            ))
+            .await
         }
         ReleaseKind::After(_) if keys.is_read_write() || keys.is_semaphore() => {
             return Err(LockError::InvalidArgument(
@@ -492,7 +575,7 @@ pub async fn release<C: LuaInterface + Send + Sync>(
                 .await
         }
     }
-    .map_err(|e| from_fred(e, &[keys.hash(), keys.queue()]))?;
+    .map_err(|e| from_fred(e, &[keys.hash(), keys.queue()]).naming(keys.name()))?;
     match reply.as_i64() {
         Some(-1) => Ok(Release::NotHeld),
         Some(-2) => Ok(Release::Unchanged),
@@ -508,8 +591,17 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
     hold: &HoldId,
     token: Option<FencingToken>,
     expected: Option<u64>,
+    place: Option<Place>,
 ) -> std::result::Result<Value, fred::error::Error> {
     let keys = &hold.keys;
+    // A waiter's place, for a settle (keep_place.lua): its score and its entry's lifetime.
+    let (score, life) = match place {
+        Some(place) => (
+            Value::from(place.score),
+            Value::from(place.life.millis() as i64),
+        ),
+        None => (word(""), word("")),
+    };
     match keys.kind() {
         LockKind::Semaphore => {
             let prefix = keys.waiter_channel_prefix();
@@ -523,6 +615,8 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
                             Value::from(prefix.as_str()),
                             token_arg(token),
                             expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
+                            score.clone(),
+                            life.clone(),
                         ]),
                     )
                 })
@@ -541,6 +635,8 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
                             token_arg(token),
                             expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
                             side(keys),
+                            score.clone(),
+                            life.clone(),
                         ]),
                     )
                 })
@@ -551,7 +647,7 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
             scripts
                 .fair_release
                 .call(client, || {
-                    let mut args = Vec::with_capacity(4);
+                    let mut args = Vec::with_capacity(6);
                     args.push(Value::from(hold.owner.id_str().clone()));
                     args.push(Value::from(prefix.as_str()));
                     if token.is_some() || expected.is_some() {
@@ -559,6 +655,10 @@ async fn release_of_kind<C: LuaInterface + Send + Sync>(
                     }
                     if let Some(expected) = expected {
                         args.push(Value::from(expected as i64));
+                        if place.is_some() {
+                            args.push(score.clone());
+                            args.push(life.clone());
+                        }
                     }
                     (script_keys(keys, false).0.into(), Value::Array(args))
                 })
@@ -700,7 +800,7 @@ pub async fn force_unlock<C: LuaInterface + Send + Sync>(
             )
         })
         .await
-        .map_err(|e| from_fred(e, &[keys.hash()]))?;
+        .map_err(|e| from_fred(e, &[keys.hash()]).naming(keys.name()))?;
     Ok(removed == 1)
 }
 

@@ -86,6 +86,19 @@ pub enum LockError {
         /// Replicas the policy asks for.
         required: u32,
     },
+    /// The name is in use by another kind of lock: a read/write lock's acquire on a semaphore's
+    /// name, a fair lock's on a latch's, and so on. One name is one resource, used as one kind;
+    /// nothing was changed. `held_as` and `asked_as` name the kinds ("lock", "read/write lock",
+    /// "semaphore", "count-down latch").
+    #[error("{name:?} is a {held_as}, not a {asked_as}: nothing was changed")]
+    WrongKind {
+        /// The name.
+        name: String,
+        /// The kind the name is in use as.
+        held_as: String,
+        /// The kind the refused call is for.
+        asked_as: String,
+    },
     /// A quorum lock (`RedLock`) could not reach a majority of its servers: fewer than
     /// `needed` of the `servers` answered, the others failed or did not answer within the
     /// per-server timeout. Nothing is held: what some servers granted was released. Transient:
@@ -147,6 +160,10 @@ pub(crate) enum Class {
     WrongType(Option<usize>),
     /// A read/write lock's acquire script refused an upgrade (`UPGRADE ...`).
     Upgrade,
+    /// A script refused a name in use by another kind (`WRONGKIND <held> <asked>`).
+    WrongKind,
+    /// A script refused a number out of its documented range (`RANGE ...`); nothing changed.
+    Range,
     /// The command certainly did not run and may be sent again: a cluster node redirected it
     /// (`MOVED`/`ASK`, which the client is built not to follow: see
     /// [`crate::scripts::resend_not_run`]) or answered `TRYAGAIN` (a multi-key command during
@@ -195,6 +212,8 @@ pub(crate) fn classify(error: &FredError) -> Class {
         "NOPERM" | "NOAUTH" | "WRONGPASS" => Class::PermissionDenied,
         "WRONGTYPE" => Class::WrongType(words.next().and_then(|w| w.parse().ok())),
         "UPGRADE" => Class::Upgrade,
+        "WRONGKIND" => Class::WrongKind,
+        "RANGE" => Class::Range,
         "TRYAGAIN" => Class::NotRun,
         code if UNAVAILABLE_CODES.contains(&code) => Class::Connection,
         // Inside a script Redis 7 reports a refused command as "ERR ... script: ..." with the
@@ -239,6 +258,15 @@ impl LockError {
             LockError::UpgradeRefused { name } if name.is_empty() => LockError::UpgradeRefused {
                 name: lock.to_string(),
             },
+            LockError::WrongKind {
+                name,
+                held_as,
+                asked_as,
+            } if name.is_empty() => LockError::WrongKind {
+                name: lock.to_string(),
+                held_as,
+                asked_as,
+            },
             other => other,
         }
     }
@@ -260,12 +288,42 @@ pub(crate) fn from_fred(error: FredError, keys: &[&str]) -> LockError {
         Class::Upgrade => LockError::UpgradeRefused {
             name: String::new(),
         },
+        Class::WrongKind => {
+            // `WRONGKIND <held> <asked> ...`: the kinds by their words (see `kind_word`).
+            let mut words = error.details().split_whitespace().skip(1);
+            let mut next = || kind_word(words.next().unwrap_or("")).to_string();
+            let held_as = next();
+            let asked_as = next();
+            LockError::WrongKind {
+                name: String::new(),
+                held_as,
+                asked_as,
+            }
+        }
+        Class::Range => LockError::InvalidArgument(
+            error
+                .details()
+                .trim_start_matches("RANGE")
+                .trim()
+                .to_string(),
+        ),
         Class::NoScript | Class::Other => match error.kind() {
             ErrorKind::Config | ErrorKind::Url => {
                 LockError::InvalidArgument(error.details().to_string())
             }
             _ => LockError::Redis(RedisError(error)),
         },
+    }
+}
+
+/// A kind as a script names it in a `WRONGKIND` reply, in words for the error.
+pub(crate) fn kind_word(word: &str) -> &str {
+    match word {
+        "lock" => "lock",
+        "rw" => "read/write lock",
+        "semaphore" => "semaphore",
+        "latch" => "count-down latch",
+        other => other,
     }
 }
 

@@ -40,6 +40,15 @@ pub const USED_FIELD: &str = "~used";
 /// Count-down latch hash field: the count (`@LATCH@`).
 pub const LATCH_FIELD: &str = "~latch";
 
+/// Count-down latch hash field: the id of the round counting down (`@ROUND@`), a fencing token
+/// of the name's slot, so that ids never repeat.
+pub const ROUND_FIELD: &str = "~round";
+
+/// Hash field naming the kind a name is in use as (`@KIND@`): `rw`, `semaphore` or `latch`. A
+/// lock's hash (plain or fair) has none. Every acquire refuses a name of another kind with
+/// [`LockError::WrongKind`](crate::LockError::WrongKind) before it writes anything.
+pub const KIND_FIELD: &str = "~kind";
+
 /// Payload of a release with nobody queued (also force unlock and settled repairs): one waiter
 /// of each subscribed client wakes (`@FREE@`).
 pub const FREE_PAYLOAD: &str = "*";

@@ -2,7 +2,7 @@
 //!
 //! The files name the protocol's words as placeholders (`@FENCE@`, `@TURN@`, `@EXPIRING@`,
 //! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`, `@PUBLISH@`) and the shared pieces they inline (`@NEXT_FENCE@`,
-//! `@JOIN_LINE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
+//! `@JOIN_LINE@`, `@KEEP_PLACE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
 //! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
 //! can lengthen the turn grace.
 //!
@@ -23,9 +23,9 @@ use tokio::time::Instant;
 
 use crate::error::{classify, Class};
 use crate::protocol::{
-    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD,
-    READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, TAKEN_PAYLOAD, TURN_FIELD_PREFIX, USED_FIELD,
-    WRITER_FIELD,
+    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, KIND_FIELD, LATCH_FIELD, MODE_FIELD,
+    PERMITS_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, ROUND_FIELD, TAKEN_PAYLOAD,
+    TURN_FIELD_PREFIX, USED_FIELD, WRITER_FIELD,
 };
 
 /// A Lua script with its SHA1.
@@ -142,6 +142,7 @@ fn fill(template: &str, protocol: &Protocol) -> String {
     let lua = template
         .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@JOIN_LINE@", files::JOIN_LINE)
+        .replace("@KEEP_PLACE@", files::KEEP_PLACE)
         .replace("@RELEASE_HOLD@", files::RELEASE_HOLD)
         .replace("@HAND_ON@", files::FAIR_HAND_ON)
         .replace("@RW_COMMON@", files::RW_COMMON)
@@ -149,6 +150,8 @@ fn fill(template: &str, protocol: &Protocol) -> String {
         .replace("@PERMITS@", PERMITS_FIELD)
         .replace("@USED@", USED_FIELD)
         .replace("@LATCH@", LATCH_FIELD)
+        .replace("@ROUND@", ROUND_FIELD)
+        .replace("@KIND@", KIND_FIELD)
         .replace("@READ_FENCE@", READ_FENCE_FIELD_PREFIX)
         .replace("@READ@", READ_FIELD_PREFIX)
         .replace("@MODE@", MODE_FIELD)
@@ -198,6 +201,9 @@ pub mod files {
     /// `join_line.lua`: a waiter keeps or takes its place in a line of waiters, inlined where
     /// a script says `@JOIN_LINE@` (not a script itself).
     pub const JOIN_LINE: &str = include_str!("scripts/join_line.lua");
+    /// `keep_place.lua`: a settle puts a waiter whose try it takes back where it stood in line,
+    /// inlined where a release script says `@KEEP_PLACE@` (not a script itself).
+    pub const KEEP_PLACE: &str = include_str!("scripts/keep_place.lua");
     /// `fair/hand_on.lua`: inlined where a fair script says `@HAND_ON@` (not a script itself).
     pub const FAIR_HAND_ON: &str = include_str!("scripts/fair/hand_on.lua");
     /// `rw/acquire.lua`: acquire, re-enter or queue for a read/write lock's read or write side.

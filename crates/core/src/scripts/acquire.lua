@@ -30,6 +30,8 @@
 --                        again when the reservation lapses.
 --   error 'WRONGTYPE <i> ...'  KEYS[i] holds a value of another type. Nothing else was changed
 --                        (the fence counter may have risen, which is harmless).
+--   error 'WRONGKIND <kind> lock'  the name is in use by another kind (its hash has '@KIND@':
+--                        a read/write lock, a semaphore or a latch); nothing was changed.
 --
 -- A hold of ARGV[1] that the client does not re-enter on purpose (mode other than 'r' with the
 -- grant's token) is an orphan: a grant whose reply the client never saw. It is replaced by a new
@@ -45,12 +47,15 @@ local fresh = pttl == -2
 
 if not fresh then
   if mode == 'r' then
-    local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@')
+    local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@FENCE@', '@KIND@')
     if fields.err then
       if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
         return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
       end
       return fields
+    end
+    if fields[3] then
+      return redis.error_reply('WRONGKIND ' .. fields[3] .. ' lock')
     end
     if fields[1] and fields[2] == ARGV[4] then
       local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
@@ -62,15 +67,20 @@ if not fresh then
     -- Held by this owner under another grant: an orphan (replaced below).
     fresh = fields[1] and true or false
   else
-    -- HEXISTS, not HMGET: the busy path of every contended try; no reply table to build.
-    local held = redis.pcall('HEXISTS', KEYS[1], ARGV[1])
-    if type(held) == 'table' then
-      if string.sub(held.err, 1, 9) == 'WRONGTYPE' then
+    -- The owner's field and the kind marker in one read (the busy path of every contended
+    -- try): a name in use by another kind (it has '@KIND@') is refused before anything is
+    -- written.
+    local fields = redis.pcall('HMGET', KEYS[1], ARGV[1], '@KIND@')
+    if fields.err then
+      if string.sub(fields.err, 1, 9) == 'WRONGTYPE' then
         return redis.error_reply('WRONGTYPE 1 the lock key holds another type')
       end
-      return held
+      return fields
     end
-    if held == 1 then
+    if fields[2] then
+      return redis.error_reply('WRONGKIND ' .. fields[2] .. ' lock')
+    end
+    if fields[1] then
       -- An orphan, replaced below; or, for a non-reentrant lock, this owner's live hold.
       fresh = mode ~= 'n' and ARGV[7] ~= 'n'
     elseif mode == 'w' and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[4]) == 1 then

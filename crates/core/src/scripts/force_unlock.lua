@@ -13,7 +13,8 @@
 -- Replies: 1 a lock was removed (and '@FREE@' published: one waiter per client wakes; a fair
 -- lock's first live waiter gets its turn; a read/write lock's head of the line is told, every
 -- hold of it removed); 0 there was none.
--- error 'WRONGTYPE 1 ...' the key holds another type (it is not ours to delete).
+-- error 'WRONGTYPE 1 ...' the key holds another type (it is not ours to delete); 'WRONGKIND
+-- <kind> lock' the name is a semaphore's or a latch's (left alone).
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'none' then
   return 0
@@ -23,14 +24,14 @@ if kind ~= 'hash' then
 end
 -- A semaphore's or a latch's hash is not a lock's: deleting it would drop its number of
 -- permits (and orphan their leases) or open the latch. Left alone.
-if redis.call('HEXISTS', KEYS[1], '@PERMITS@') == 1 or redis.call('HEXISTS', KEYS[1], '@USED@') == 1
-    or redis.call('HEXISTS', KEYS[1], '@LATCH@') == 1 then
-  return redis.error_reply('WRONGTYPE 1 the key is a semaphore or a count-down latch, not a lock')
+local held_as = redis.call('HGET', KEYS[1], '@KIND@')
+if held_as and held_as ~= 'rw' then
+  return redis.error_reply('WRONGKIND ' .. held_as .. ' lock')
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prefix = ARGV[2]
-local read_write = ARGV[3] == 'rw' or redis.call('HEXISTS', KEYS[1], '@MODE@') == 1
+local read_write = ARGV[3] == 'rw' or held_as == 'rw'
 redis.call('@PUBLISH@', ARGV[1], '@FREE@')
 redis.call('DEL', KEYS[1])
 if read_write and redis.call('TYPE', KEYS[5])['ok'] == 'zset' then

@@ -23,8 +23,11 @@
 --
 -- Replies, as the plain acquire's: a new grant's token; {hold_count, fence} for a re-entry;
 -- {0, pttl} when busy: pttl bounds how long the lock stays as it is without a message to this
--- waiter (the holder's lease, or the reservation of the head's turn).
--- Errors 'WRONGTYPE <i> ...' when KEYS[i] holds another type; nothing was changed then.
+-- waiter (the holder's lease, or the reservation of the head's turn); a waiter's try ('w') adds
+-- its place, its score in the line ({0, pttl, place}): a settle of a later try of this waiter
+-- whose reply never came puts it back there (keep_place.lua).
+-- Errors 'WRONGTYPE <i> ...' when KEYS[i] holds another type, 'WRONGKIND <kind> lock' when the
+-- name is in use by another kind; nothing was changed then.
 
 local owner = ARGV[1]
 local mode = ARGV[3]
@@ -39,6 +42,14 @@ for i = 3, 4 do
   local other = redis.call('TYPE', KEYS[i])['ok']
   if other ~= 'none' and other ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. i .. ' the waiters key holds another type')
+  end
+end
+-- A name in use by another kind (a read/write lock, a semaphore, a latch) is refused before
+-- anything is written: its line is not this lock's.
+if kind == 'hash' then
+  local held_as = redis.call('HGET', KEYS[1], '@KIND@')
+  if held_as then
+    return redis.error_reply('WRONGKIND ' .. held_as .. ' lock')
   end
 end
 
@@ -104,5 +115,8 @@ end
 local first_entry = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
 if first_entry and (pttl < 0 or tonumber(first_entry) - now_ms < pttl) then
   pttl = math.max(tonumber(first_entry) - now_ms, 1)
+end
+if mode == 'w' then
+  return {0, pttl, redis.call('ZSCORE', KEYS[3], owner)}
 end
 return {0, pttl}

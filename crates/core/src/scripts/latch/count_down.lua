@@ -1,16 +1,22 @@
--- Count a latch down by one; at zero the latch is gone and its waiters are told.
+-- Count a latch down by one; at zero the round is open: the latch is gone and its waiters are
+-- told.
 --
--- KEYS[1]  latch hash  P:{N}  '@LATCH@' -> the count (no TTL: it lives until it reaches zero)
+-- KEYS[1]  latch hash  P:{N}  (see set_count.lua)
 -- ARGV[1]  release channel  P:{N}:released
 --
--- Replies: the count left (0: it just opened, or was open already). A key of another kind
--- (a lock's hash) is refused with 'WRONGTYPE 1 ...'.
+-- Replies: the count left (0: it just opened, or was open already). 'WRONGTYPE 1 ...' when the
+-- key is not a hash; 'WRONGKIND <kind> latch' when the name is in use by another kind (nothing
+-- changed).
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind == 'none' then
   return 0
 end
-if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], '@LATCH@') == 0 then
-  return redis.error_reply('WRONGTYPE 1 the key is not a count-down latch')
+if kind ~= 'hash' then
+  return redis.error_reply('WRONGTYPE 1 the latch key holds another type')
+end
+local held_as = redis.call('HGET', KEYS[1], '@KIND@') or 'lock'
+if held_as ~= 'latch' then
+  return redis.error_reply('WRONGKIND ' .. held_as .. ' latch')
 end
 local left = redis.call('HINCRBY', KEYS[1], '@LATCH@', -1)
 if left <= 0 then

@@ -6,7 +6,7 @@
 -- ARGV[3]     mode: 't' a try (never queues); 'w' a waiter's try (queues when not granted,
 --             once: it keeps its place); 'r' re-enter the grant with token ARGV[4] (when that
 --             grant is gone, a 't')
--- ARGV[4]     the token for 'r', else ''
+-- ARGV[4]     the token for 'r'; 'n' for a non-reentrant handle's try; else ''
 -- ARGV[5]     waiter channel prefix  P:{N}:released:
 -- ARGV[6]     entry lifetime in milliseconds (the watchdog lease)
 -- ARGV[7]     'read' or 'write'
@@ -19,7 +19,8 @@
 -- write lock is refused at once: it would wait for itself.
 --
 -- Replies, as the plain acquire's: a new grant's token; {hold_count, token} for a re-entry;
--- {0, pttl} when busy, pttl bounding how long that stays so without a message to this waiter.
+-- {0, pttl} when busy, pttl bounding how long that stays so without a message to this waiter;
+-- a waiter's try adds its place in the line ({0, pttl, place}, as the fair acquire's).
 -- Errors: 'WRONGTYPE <i> ...'; 'UPGRADE ...' for a reader asking for the write lock.
 
 local t = redis.call('TIME')
@@ -107,6 +108,13 @@ else
   may = not others and (reserved_for_me or (not reserved and not someone_before()))
 end
 
+-- A non-reentrant handle's try (ARGV[4] 'n') never replaces a hold of its owner on this side as
+-- an orphan: another future of the owner's task may hold it, and two acquires of one owner
+-- must never both be granted. The answer is busy until that hold ends.
+if may and ARGV[4] == 'n' and redis.call('HEXISTS', KEYS[1], count_field) == 1 then
+  may = false
+end
+
 if may then
   -- The fence first, before any other write (see acquire.lua).
   @NEXT_FENCE@
@@ -115,7 +123,7 @@ if may then
   end
   redis.call('ZREM', KEYS[3], owner)
   redis.call('ZREM', KEYS[4], owner)
-  redis.call('HSET', KEYS[1], count_field, '1', fence_field, fence)
+  redis.call('HSET', KEYS[1], count_field, '1', fence_field, fence, '@KIND@', 'rw')
   if not reading then
     redis.call('HSET', KEYS[1], '@WRITER@', owner)
   end
@@ -146,5 +154,8 @@ end
 local first_entry = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
 if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
   bound = tonumber(first_entry) - now_ms
+end
+if mode == 'w' then
+  return {0, math.max(bound, 1), redis.call('ZSCORE', KEYS[3], owner)}
 end
 return {0, math.max(bound, 1)}

@@ -97,7 +97,7 @@ local function hand_on(except)
         if from == 0 and i == 1 and not held and who ~= except then
           local until_ms = tonumber(redis.call('ZSCORE', KEYS[4], who) or now_ms)
           redis.call('DEL', KEYS[1])
-          redis.call('HSET', KEYS[1], '@TURN@' .. who, '0')
+          redis.call('HSET', KEYS[1], '@TURN@' .. who, '0', '@KIND@', 'rw')
           redis.call('PEXPIRE', KEYS[1], math.max(until_ms - now_ms, @GRACE_MS@))
           redis.call('@PUBLISH@', prefix .. who, '@FREE@')
         end
@@ -114,13 +114,21 @@ local function hand_on(except)
   end
 end
 
--- Refuses keys of another type: error 'WRONGTYPE <i> ...', or nil when all are fine.
+-- Refuses keys of another type ('WRONGTYPE <i> ...') and a name in use by another kind of
+-- lock ('WRONGKIND <kind> rw': its hash is not marked '@KIND@' = 'rw'); nil when all is fine.
+-- Every read/write lock hash carries the marker: the grants and the reservations write it.
 local function wrong_type()
   local want = {'hash', nil, 'zset', 'zset', 'zset'}
   for _, i in ipairs({1, 3, 4, 5}) do
     local kind = redis.call('TYPE', KEYS[i])['ok']
     if kind ~= 'none' and kind ~= want[i] then
       return redis.error_reply('WRONGTYPE ' .. i .. ' a read/write lock key holds another type')
+    end
+  end
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    local held_as = redis.call('HGET', KEYS[1], '@KIND@') or 'lock'
+    if held_as ~= 'rw' then
+      return redis.error_reply('WRONGKIND ' .. held_as .. ' rw')
     end
   end
   return nil

@@ -7,9 +7,12 @@
 -- ARGV[3]     the token of the grant the hold must belong to; '' for the owner's grant
 -- ARGV[4]     '' for a release; to settle: the expected hold count (see release.lua)
 -- ARGV[5]     'read' or 'write'
+-- ARGV[6]     when settling a waiter's try: its place in line ('' for none; keep_place.lua)
+-- ARGV[7]     with ARGV[6]: its entry's lifetime in milliseconds
 --
--- Replies as release.lua's: remaining >= 0 released; -1 not held under that token; -2
--- settling found another count. Error 'WRONGTYPE <i> ...'.
+-- Replies as release.lua's: remaining >= 0 released; -1 not held under that token (or its
+-- lease ended: the hold is gone even while the hash lives on for another hold); -2 settling
+-- found another count. Errors 'WRONGTYPE <i> ...', 'WRONGKIND <kind> rw'.
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -24,16 +27,26 @@ local owner = ARGV[1]
 local reading = ARGV[5] == 'read'
 local count_field = reading and (READ .. owner) or owner
 local fence_field = reading and ('@READ_FENCE@' .. owner) or '@FENCE@'
+-- Expired holds go first: a hold whose lease ended is not held, even while the hash lives on
+-- for another holder's longer lease.
+local pruned = prune()
+-- A refusal changes nothing of this owner's, but what the prune freed is handed on.
+local function refuse(code)
+  if pruned then
+    hand_on(false)
+  end
+  return code
+end
 local fields = redis.call('HMGET', KEYS[1], count_field, fence_field, '@WRITER@')
 local count = fields[1]
 if not count or (not reading and fields[3] ~= owner) then
-  return -1
+  return refuse(-1)
 end
 if ARGV[3] ~= '' and fields[2] ~= ARGV[3] then
-  return -1
+  return refuse(-1)
 end
 if ARGV[4] ~= '' and count ~= ARGV[4] then
-  return -2
+  return refuse(-2)
 end
 if count ~= '1' then
   return redis.call('HINCRBY', KEYS[1], count_field, -1)
@@ -42,6 +55,11 @@ drop_hold(count_field)
 if keep_until_latest() then
   fix_mode()
 end
+local place, place_life = ARGV[6], tonumber(ARGV[7])
+if place == '' then
+  place = nil
+end
+@KEEP_PLACE@
 prune()
 hand_on(false)
 return 0

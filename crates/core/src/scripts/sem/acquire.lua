@@ -15,7 +15,8 @@
 --
 -- Replies: the grant's fencing token; {0, bound} when not granted (bound: how long this stays
 -- so at most without a message to this waiter; -1 when nothing bounds it, e.g. a semaphore
--- whose permits were never set).
+-- whose permits were never set); a waiter's try adds its place in the line ({0, bound, place},
+-- as the fair acquire's).
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -86,5 +87,8 @@ if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
 end
 if bound ~= -1 then
   bound = math.max(bound, 1)
+end
+if mode == 'w' then
+  return {0, bound, redis.call('ZSCORE', KEYS[3], id)}
 end
 return {0, bound}

@@ -88,13 +88,21 @@ local function hand_on(except)
   end
 end
 
--- Refuses keys of another type: error 'WRONGTYPE <i> ...', or nil when all are fine.
+-- Refuses keys of another type ('WRONGTYPE <i> ...') and a name in use by another kind
+-- ('WRONGKIND <kind> semaphore': its hash is not marked '@KIND@' = 'semaphore'); nil when all
+-- is fine. Every semaphore hash carries the marker: the calls that create it write it.
 local function wrong_type()
   local want = {'hash', nil, 'zset', 'zset', 'zset', 'hash'}
   for _, i in ipairs({1, 3, 4, 5, 6}) do
     local kind = redis.call('TYPE', KEYS[i])['ok']
     if kind ~= 'none' and kind ~= want[i] then
       return redis.error_reply('WRONGTYPE ' .. i .. ' a semaphore key holds another type')
+    end
+  end
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    local held_as = redis.call('HGET', KEYS[1], '@KIND@') or 'lock'
+    if held_as ~= 'semaphore' then
+      return redis.error_reply('WRONGKIND ' .. held_as .. ' semaphore')
     end
   end
   return nil

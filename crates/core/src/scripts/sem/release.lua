@@ -6,6 +6,8 @@
 -- ARGV[2]     waiter channel prefix  P:{N}:released:
 -- ARGV[3]     the token of its grant; '' for whichever grant the id has
 -- ARGV[4]     '' for a release; to settle: the expected count (1 if the command ran)
+-- ARGV[5]     when settling a waiter's try: its place in line ('' for none; keep_place.lua)
+-- ARGV[6]     with ARGV[5]: its entry's lifetime in milliseconds
 --
 -- Replies: 0 released; -1 the id holds no permits (unknown, expired, or the semaphore was
 -- deleted); -2 settling found nothing to undo. Error 'WRONGTYPE <i> ...'.
@@ -28,6 +30,16 @@ end
 if ARGV[3] ~= '' and fields[2] ~= ARGV[3] then
   return -1
 end
+local wanted = tonumber(redis.call('HGET', KEYS[1], member))
 drop_permit(member)
+local owner, place, place_life = id, ARGV[5], tonumber(ARGV[6])
+if place == '' then
+  place = nil
+end
+@KEEP_PLACE@
+if place then
+  redis.call('HSET', KEYS[6], id, wanted)
+  keep_for(KEYS[6], place_life + 1000)
+end
 hand_on(false)
 return 0
