@@ -313,8 +313,9 @@ struct Op {
     /// A fair waiter's place in line, run by run ([`Event::Queued`]).
     queued: Vec<QueueRun>,
     /// A fair or read/write waiter's owner seen holding the lock in Redis while its call was
-    /// under way ([`Event::HeldInRedis`]): (the grant ran after this, seen at, token).
-    held_in_redis: Vec<(i64, i64, u64)>,
+    /// under way ([`Event::HeldInRedis`]): (the grant ran after this, seen at, token, seen
+    /// gone by).
+    held_in_redis: Vec<(i64, i64, u64, Option<i64>)>,
     /// A bounded wait's `wait`, in µs.
     wait: Option<i64>,
     /// A foreign-kind attempt: what it asked for ([`Event::Begin`]'s `foreign`); kept apart
@@ -758,8 +759,12 @@ pub fn analyze(
                     t, answered, pttl, ..
                 } => entry.after_foreign = Some((*t, *answered, *pttl)),
                 Event::HeldInRedis {
-                    t, since, token, ..
-                } => entry.held_in_redis.push((*since, *t, *token)),
+                    t,
+                    since,
+                    token,
+                    gone,
+                    ..
+                } => entry.held_in_redis.push((*since, *t, *token, *gone)),
                 Event::Begin { .. }
                 | Event::Start { .. }
                 | Event::Drained { .. }

@@ -132,7 +132,7 @@ impl AskedAs {
 pub enum LatchCall {
     /// `try_set_count(count)`: returns 1 when it set the count (the latch was open), 0 when
     /// the latch was counting down.
-    Set { count: u64 },
+    Set { count: u32 },
     /// `count_down()`: returns the count left (0: it opened the latch, or the latch was open).
     CountDown,
     /// `wait_for(timeout)`: returns 1 when the latch opened, 0 at the timeout.
@@ -292,13 +292,16 @@ pub enum Event {
     /// (`Queued`): one event per grant seen (by `token`, the grant's fencing token), `t` when
     /// the first poll that found it was sent, `answered` when it was answered, `since` when
     /// the last poll before it that found no hold was sent (the grant ran after it; the
-    /// call's begin when there was none). Recorded after the call.
+    /// call's begin when there was none), `gone` when the first poll after it that found that
+    /// grant gone was answered (it ended before then), if one did. Recorded after the call.
     HeldInRedis {
         t: i64,
         op: u64,
         answered: i64,
         since: i64,
         token: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gone: Option<i64>,
     },
     /// Every task stopped; what the client still had registered locally afterwards.
     Drained {

@@ -111,8 +111,9 @@ pub struct Cleanup {
     pub latches: Vec<LatchLeft>,
 }
 
-/// A latch's hash after the clients stopped: a latch still counting down holds its count
-/// (`~latch`) and nothing else, with no TTL.
+/// A latch's hash after the clients stopped: a latch still counting down holds its kind
+/// (`~kind` = `latch`), its count (`~latch`) and its round's id (`~round`), and nothing else,
+/// with no TTL.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LatchLeft {
     pub name: String,
@@ -127,9 +128,15 @@ impl LatchLeft {
     /// a semaphore's permits), or a TTL.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        use leasehold_core::protocol::{KIND_FIELD, LATCH_FIELD, ROUND_FIELD};
         for (field, value) in &self.fields {
-            let count_ok = value.parse::<i64>().is_ok_and(|n| n > 0);
-            if field != leasehold_core::protocol::LATCH_FIELD || !count_ok {
+            let ok = match field.as_str() {
+                LATCH_FIELD => value.parse::<i64>().is_ok_and(|n| n > 0),
+                KIND_FIELD => value == "latch",
+                ROUND_FIELD => value.parse::<u64>().is_ok(),
+                _ => false,
+            };
+            if !ok {
                 problems.push(format!(
                     "{}: field {field:?} = {value:?} in a latch's hash",
                     self.name
@@ -165,8 +172,8 @@ pub struct SemaphoreLeft {
     /// `PTTL` of the hash: -1 (none) by design; `None` in histories from before it was read.
     #[serde(default)]
     pub pttl: Option<i64>,
-    /// Fields that are not a semaphore's (`~permits`, `~used`, `~r:<id>`, `~rf:<id>`): a
-    /// lock's or a latch's, written by an acquire of another kind.
+    /// Fields that are not a semaphore's (`~kind`, `~permits`, `~used`, `~r:<id>`, `~rf:<id>`):
+    /// a lock's or a latch's, written by an acquire of another kind.
     #[serde(default)]
     pub other_fields: Vec<String>,
     /// The number of permits the clients set (`--sem-permits`); `None` in older histories.

@@ -390,8 +390,15 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// The error's variant, for grouping in the report, then its message.
+/// The error's variant, for grouping in the report, then its message (a `WrongKind`'s kinds
+/// also as `[held_as=..., asked_as=...]`, which the checker reads).
 fn describe(error: &LockError) -> String {
+    if let LockError::WrongKind {
+        held_as, asked_as, ..
+    } = error
+    {
+        return format!("wrong_kind: {error} [held_as={held_as}, asked_as={asked_as}]");
+    }
     let kind = match error {
         LockError::NotHeld { .. } => "not_held",
         LockError::Timeout => "timeout",
@@ -402,9 +409,6 @@ fn describe(error: &LockError) -> String {
         LockError::InvalidArgument(_) => "invalid_argument",
         LockError::LeaseLost { .. } => "lease_lost",
         LockError::UpgradeRefused { .. } => "upgrade_refused",
-        // The refusal of a name that holds another kind (matched by its Debug text until the
-        // variant is there to match).
-        _ if format!("{error:?}").starts_with("WrongKind") => "wrong_kind",
         _ => "other",
     };
     format!("{kind}: {error}")
@@ -523,13 +527,14 @@ async fn one_op(
             polls: run.polls,
         });
     }
-    for (since, sent, answered, token) in line.held {
+    for seen in line.held {
         ctx.record(Event::HeldInRedis {
-            t: sent,
+            t: seen.sent,
             op,
-            answered,
-            since: since.unwrap_or(begin),
-            token,
+            answered: seen.answered,
+            since: seen.since.unwrap_or(begin),
+            token: seen.token,
+            gone: seen.gone,
         });
     }
     match result {
@@ -776,14 +781,25 @@ struct Run {
 }
 
 /// What the polls of a waiting acquire saw: its runs in line, and each grant of its owner
-/// seen in Redis while the call was under way (when the last poll before that found no hold
-/// was sent, the first that found it sent and answered, the token).
+/// seen in Redis while the call was under way.
 #[derive(Default)]
 struct Line {
     runs: Vec<Run>,
-    held: Vec<(Option<i64>, i64, i64, u64)>,
+    held: Vec<HeldSeen>,
     /// When the last poll that found no hold was sent.
     no_hold: Option<i64>,
+}
+
+/// One grant of a waiter's owner seen in Redis ([`Event::HeldInRedis`]).
+struct HeldSeen {
+    /// When the last poll before it that found no hold was sent.
+    since: Option<i64>,
+    /// When the first poll that found it was sent, and answered.
+    sent: i64,
+    answered: i64,
+    token: u64,
+    /// When the first poll after it that did not find it was answered.
+    gone: Option<i64>,
 }
 
 /// Runs the fair or read/write acquire `call`, polling `owner`'s place in the line of `lock`
@@ -801,10 +817,21 @@ async fn watching_the_line<T>(
     let poll = async {
         loop {
             if let Some(answer) = observer.watch(lock.keys(), owner).await {
-                match answer.value.token {
-                    Some(token) if !line.held.iter().any(|(_, _, _, t)| *t == token) => {
-                        line.held
-                            .push((line.no_hold, answer.sent, answer.received, token));
+                let now = answer.value.token;
+                for seen in line.held.iter_mut() {
+                    if seen.gone.is_none() && now != Some(seen.token) {
+                        seen.gone = Some(answer.received);
+                    }
+                }
+                match now {
+                    Some(token) if !line.held.iter().any(|seen| seen.token == token) => {
+                        line.held.push(HeldSeen {
+                            since: line.no_hold,
+                            sent: answer.sent,
+                            answered: answer.received,
+                            token,
+                            gone: None,
+                        });
                     }
                     Some(_) => {}
                     None => line.no_hold = Some(answer.sent),
@@ -1193,14 +1220,14 @@ async fn latch_op(
     let latch = ctx.client.latch(&ctx.config.layout().name(res))?;
     let roll = rng.below(100);
     if roll < 25 {
-        let count = rng.range(2, 4);
+        let count = rng.range(2, 4) as u32;
         latch_call(ctx, task, op, res, &latch, LatchCall::Set { count }).await;
     } else if roll < 60 {
         let left = latch_call(ctx, task, op, res, &latch, LatchCall::CountDown).await;
         match left {
             Some(0) if rng.chance(NEXT_ROUND_PERCENT) => {
                 let next = ctx.next_op.fetch_add(1, Ordering::Relaxed);
-                let count = rng.range(2, 4);
+                let count = rng.range(2, 4) as u32;
                 latch_call(ctx, task, next, res, &latch, LatchCall::Set { count }).await;
             }
             Some(left) if left > 0 && rng.chance(ctx.config.foreign_percent) => {

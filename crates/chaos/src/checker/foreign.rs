@@ -10,8 +10,9 @@
 //!
 //! - [`FOREIGN_GRANTED`]: none was granted (a guard, a permit; on a latch's terms a
 //!   `wait_for` that came back open);
-//! - [`FOREIGN_NOT_REFUSED`]: none came back with anything but the refusal: not busy
-//!   (`Ok(None)`, `false`), not another error (`WrongType`, a Redis error, `UpgradeRefused`).
+//! - [`FOREIGN_NOT_REFUSED`]: none came back with anything but the refusal, naming the name's
+//!   kind as `held_as` and its own as `asked_as`: not busy (`Ok(None)`, `false`), not another
+//!   error (`WrongType`, a Redis error, `UpgradeRefused`).
 //!   A `Timeout` or a `Connection` error is the fault's, not the library's answer, and is not
 //!   judged;
 //! - [`FOREIGN_CHANGED`]: none changed the other kind's state as far as the history shows: a
@@ -206,6 +207,12 @@ fn refused(op: &Op) -> bool {
         .is_some_and(|e| e.starts_with("wrong_kind"))
 }
 
+/// A `WrongKind` refusal's kinds, as the worker records them (`[held_as=..., asked_as=...]`).
+fn refusal_kinds(error: &str) -> Option<(&str, &str)> {
+    let kinds = error.rsplit_once("[held_as=")?.1.strip_suffix(']')?;
+    kinds.split_once(", asked_as=")
+}
+
 /// A transient error: the fault's answer, not the library's.
 fn transient(op: &Op) -> bool {
     op.failed
@@ -272,7 +279,18 @@ pub(super) fn foreign_kind_check(
                 op.begin
             ));
         } else if refused(op) {
-            right += 1;
+            // The refusal names the name's kind and the kind asked for.
+            let error = op.failed.as_deref().unwrap_or_default();
+            let expected = (family(op.ty), asked.kind_name());
+            if refusal_kinds(error) == Some(expected) {
+                right += 1;
+            } else {
+                not_refused += 1;
+                report.samples.push(format!(
+                    "{FOREIGN_NOT_REFUSED}: {what}, refused as {error}, not as a {} asked as a {}",
+                    expected.0, expected.1
+                ));
+            }
         } else {
             not_refused += 1;
             report.samples.push(format!(
@@ -424,8 +442,14 @@ pub(in crate::checker) mod tests {
         let report = read_on_a_lock(200, |t| failed(1, t, "wrong_type: key holds another"));
         assert_eq!(report.count(FOREIGN_NOT_REFUSED), 1, "{report}");
         // The refusal passes; a timeout is the fault's answer.
-        let refused = read_on_a_lock(200, |t| failed(1, t, "wrong_kind: held as a lock"));
+        let refusal = "wrong_kind: \"res-0\" is a lock, not a read/write lock: nothing was \
+                       changed [held_as=lock, asked_as=read/write lock]";
+        let refused = read_on_a_lock(200, |t| failed(1, t, refusal));
         assert!(refused.passed(), "{refused}");
+        // A refusal that names the wrong kinds is not the refusal.
+        let wrong = "wrong_kind: ... [held_as=semaphore, asked_as=read/write lock]";
+        let report = read_on_a_lock(200, |t| failed(1, t, wrong));
+        assert_eq!(report.count(FOREIGN_NOT_REFUSED), 1, "{report}");
         assert!(read_on_a_lock(200, |t| failed(1, t, "timeout: no answer")).passed());
         // After the hold's last belief the name may be free: a grant is any first use's.
         let report = read_on_a_lock(850, |t| granted(1, t));
@@ -459,10 +483,11 @@ pub(in crate::checker) mod tests {
         let restart = fault(FaultKind::RedisRestart, None, 100, 150);
         assert!(run(&h, &[restart], &[]).passed());
         // A TTL on the semaphore's hash right after: a change, refused or not.
-        let h = lock_on_it(failed(1, 300, "wrong_kind: held as a semaphore"), Some(900));
+        let refusal = "wrong_kind: ... [held_as=semaphore, asked_as=lock]";
+        let h = lock_on_it(failed(1, 300, refusal), Some(900));
         let report = run(&h, &[], &[]);
         assert_eq!(report.count(FOREIGN_CHANGED), 1, "{report}");
-        let h = lock_on_it(failed(1, 300, "wrong_kind: held as a semaphore"), Some(-1));
+        let h = lock_on_it(failed(1, 300, refusal), Some(-1));
         assert!(run(&h, &[], &[]).passed());
         // A permit held all along proves it too.
         let h = [

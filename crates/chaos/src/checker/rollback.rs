@@ -24,7 +24,8 @@
 //! which `w`'s place may have lapsed as any waiter's; a loss of the lock's data meanwhile;
 //! and `b`'s grant recorded a lease or more after the last poll that did not find `w`'s hold
 //! (the grant ran after that poll, and nothing renews a grant its client never saw: it may
-//! have ended by its own lease, as a crashed holder's does).
+//! have ended by its own lease, as a crashed holder's does), unless the polls saw the hold
+//! gone before that lease could have run out.
 //! Added latency is the fault that loses the reply, and takes nothing else from the waiter:
 //! its commands all reach Redis, late.
 
@@ -67,7 +68,7 @@ pub(super) fn lost_grant_check(
             }
             let returned = w.granted.as_ref().and_then(|g| g.token);
             let deadline = w.wait.map_or(i64::MAX, |wait| w.begin + wait);
-            for &(since, sent, token) in &w.held_in_redis {
+            for &(since, sent, token, gone) in &w.held_in_redis {
                 if returned == Some(token) {
                     continue;
                 }
@@ -94,8 +95,10 @@ pub(super) fn lost_grant_check(
                     .iter()
                     .any(|f| f.lost_data_of(w.res) && f.start <= grant.t && f.end >= w.begin);
                 // The grant ran after `since`; nothing renews a grant its client never saw, so
-                // it may have ended by its lease before `b`'s.
-                let lapsed = grant.t >= since + w.lease;
+                // it may have ended by its lease before `b`'s, unless the polls saw it gone
+                // before its lease could have run out (then something ended it: a rollback).
+                let lease_end = since + w.lease;
+                let lapsed = grant.t >= lease_end && gone.is_none_or(|g| g >= lease_end);
                 if fault || lost || lapsed {
                     excused += 1;
                     continue;
@@ -131,9 +134,15 @@ mod tests {
     use super::*;
 
     /// w waits on the fair lock from 0; its grant (token 20) is seen in Redis at 100 ms, after
-    /// a poll at 99 ms that found none, but its call goes on and returns token `w_token` at
-    /// 900 ms; b, which began at 50 ms, is granted token 21 at `b_granted`.
+    /// a poll at 99 ms that found none, and seen gone by 500 ms, but its call goes on and
+    /// returns token `w_token` at 900 ms; b, which began at 50 ms, is granted token 21 at
+    /// `b_granted`.
     fn rolled_back(w_token: u64, b_granted: i64) -> Vec<ClientHistory> {
+        rolled_back_gone(w_token, b_granted, Some(500_000))
+    }
+
+    /// The same, the grant seen gone at `gone_at`.
+    fn rolled_back_gone(w_token: u64, b_granted: i64, gone_at: Option<i64>) -> Vec<ClientHistory> {
         let mut w = on(FAIR, waiter(1, "w", w_token, 0, 900_000));
         w.insert(1, clean_floor(1, -100));
         w.insert(
@@ -144,6 +153,7 @@ mod tests {
                 answered: 100_200,
                 since: 99_000,
                 token: 20,
+                gone: gone_at,
             },
         );
         let mut b = on(FAIR, waiter(1, "b", 21, 50_000, b_granted));
@@ -176,5 +186,16 @@ mod tests {
             run(&rolled_back(22, 950_000), &[], &[]).count(LOST_GRANT),
             0
         );
+        // b granted a lease (1 s) after the grant could have run: it may have lapsed...
+        let late = |gone| {
+            let mut h = rolled_back_gone(22, 1_200_000, gone);
+            if let Some(Event::Granted { t, .. }) = h[0].events.get_mut(3) {
+                *t = 1_300_000; // w still waiting
+            }
+            run(&h, &[], &[]).count(LOST_GRANT)
+        };
+        assert_eq!(late(None), 0);
+        // ... unless the polls saw it gone before its lease could have run out.
+        assert_eq!(late(Some(600_000)), 1);
     }
 }
