@@ -828,7 +828,7 @@ pub fn analyze(
     free_lock_check(&mut report, config, &ops, faults, &foreign_holds);
     orphan_check(&mut report, config, &ops);
     fair_order_check(&mut report, &ops);
-    rollback::lost_grant_check(&mut report, config, &ops, faults, &losses);
+    rollback::lost_grant_check(&mut report, &ops, faults, &losses);
     latch::latch_check(&mut report, &latch_ops, faults);
     let there = foreign::NativeThere::new(&ops, &latch_ops, &permits_set_at, &losses);
     foreign::foreign_kind_check(&mut report, config, &foreign_ops, &ops, &latch_ops, &there);

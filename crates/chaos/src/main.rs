@@ -35,7 +35,7 @@
 //!   own grant, whose reply was lost, was rolled back (slow links past the command timeout,
 //!   mostly on the client first in line, bring such replies about);
 //! - kinds: now and then (`--foreign-percent`) an acquire of another kind (plain or fair lock,
-//!   either side of a read/write lock, a permit, a latch's `try_set_count` or `wait_for`) on a
+//!   either side of a read/write lock, a permit, a latch's `wait_for`) on a
 //!   name in use by its own kind: where the history proves that kind there all along, it must
 //!   be refused with `WrongKind`, never granted nor answered otherwise, and it must leave the
 //!   name's state alone (no TTL on a semaphore's or a latch's hash, the name's own calls not

@@ -44,10 +44,16 @@ fn twenty_seconds_of_faults_without_a_violation() {
     // It did something: faults went in, locks were taken, the store took writes.
     assert!(row(&stdout, "total ") > 50, "calls");
     // A quarter of the ops on the fair lock, whose line the order rule judged; a fifth on the
-    // read/write lock, and a fifth on the semaphore.
+    // read/write lock, a fifth on the semaphore, a tenth on the latch.
     assert!(row(&stdout, "fair-lock ops:") > 10, "fair calls");
     assert!(row(&stdout, "rw-lock ops:") > 10, "read/write calls");
     assert!(row(&stdout, "semaphore ops:") > 10, "semaphore calls");
+    // Latch rounds, and acquires of another kind on names in use (which must be refused).
+    assert!(row(&stdout, "latch calls:") > 10, "latch calls");
+    assert!(
+        row(&stdout, "foreign-kind attempts:") > 5,
+        "foreign-kind attempts"
+    );
     let faults = stdout
         .split("faults injected")
         .nth(1)

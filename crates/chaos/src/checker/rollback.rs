@@ -20,8 +20,9 @@
 //!
 //! Excused (counted apart): a fault on `w`'s client or on every client that can stop its
 //! entry's renewals or its rollback (all but added latency and killed subscriber
-//! connections), in effect from a lease before the grant was seen until `b`'s grant, after
-//! which `w`'s place may have lapsed as any waiter's; a loss of the lock's data meanwhile;
+//! connections), in effect from the last poll before the grant until `b`'s grant (before it,
+//! the waiter's entry was in line with its arrival all along: the grant took it out); a loss
+//! of the lock's data meanwhile;
 //! and `b`'s grant recorded a lease or more after the last poll that did not find `w`'s hold
 //! (the grant ran after that poll, and nothing renews a grant its client never saw: it may
 //! have ended by its own lease, as a crashed holder's does), unless the polls saw the hold
@@ -37,7 +38,6 @@ pub const LOST_GRANT: &str =
 /// [`LOST_GRANT`] over the fair and read/write locks' waiting ops.
 pub(super) fn lost_grant_check(
     report: &mut Report,
-    config: &RunConfig,
     ops: &BTreeMap<OpKey, Op>,
     faults: &[Fault],
     losses: &[&Fault],
@@ -49,7 +49,6 @@ pub(super) fn lost_grant_check(
     {
         by_res.entry(op.res).or_default().push(op);
     }
-    let lease = config.lease.max(MAX_EXPLICIT_LEASE).as_micros() as i64;
     let (mut passed, mut excused, mut seen) = (0, 0, 0);
     for lock in by_res.values() {
         for w in lock.iter().filter(|w| w.kind.waits()) {
@@ -83,13 +82,15 @@ pub(super) fn lost_grant_check(
                     .min_by_key(|(_, g)| g.t);
                 let Some((b, grant)) = b else { continue };
                 let (client, gen, _) = w.key;
+                // Only from the grant on: until then the waiter's entry was in line with its
+                // arrival (the grant took it out), so no fault before had cost it its place.
                 let fault = faults.iter().any(|f| {
                     !matches!(
                         f.kind,
                         FaultKind::ProxyLatency | FaultKind::KillPubsubConnections
                     ) && hits(f, client, gen)
                         && f.start - LATE_DELIVERY_US <= grant.t
-                        && f.end + lease >= sent - lease
+                        && f.end + LATE_DELIVERY_US >= since
                 });
                 let lost = losses
                     .iter()
@@ -170,6 +171,17 @@ mod tests {
         let slow = fault(FaultKind::ProxyLatency, Some(0), 50_000, 800_000);
         assert_eq!(
             run(&rolled_back(22, 600_000), &[slow], &[]).count(LOST_GRANT),
+            1
+        );
+        // Nor does a fault that was over before the grant: the entry was in line until then.
+        let before = fault(
+            FaultKind::KillCommandConnections,
+            None,
+            -1_500_000,
+            -1_400_000,
+        );
+        assert_eq!(
+            run(&rolled_back(22, 600_000), &[before], &[]).count(LOST_GRANT),
             1
         );
         // A partition of w's client may have let its entry lapse.
