@@ -40,7 +40,7 @@ const FLOOR_WAIT: Duration = Duration::from_millis(300);
 
 /// The owner's state at a fair or read/write lock, read atomically (one script): an entry in
 /// the line, a hold (a fair lock's or writer's `<owner>` field, a reader's `~r:<owner>`), a
-/// turn reserved (`~turn:<owner>`, `scripts/fair/hand_on.lua`). ARGV[2] and ARGV[3] are the
+/// turn reserved (`~turn:<owner>`, `scripts/fair/hand_on.lua`). `ARGV[2]` and `ARGV[3]` are the
 /// fields' prefixes ([`leasehold_core::protocol`]: the scripts' `@READ@` and `@TURN@` are
 /// filled in when the library loads them, so the text here must be the real one).
 const FLOOR_SCRIPT: &str = "\
@@ -52,7 +52,7 @@ return {entry, held, turn}";
 
 /// A waiter's place in line and its hold, read atomically: its entry's score (or false) and,
 /// when it holds the lock in Redis, that grant's token: `~fence` for a fair lock's or a
-/// writer's hold (`<owner>` field), `~rf:<owner>` for a reader's (`~r:<owner>`). ARGV[2..4]:
+/// writer's hold (`<owner>` field), `~rf:<owner>` for a reader's (`~r:<owner>`). `ARGV[2..4]`:
 /// the fence field and the read and read-fence prefixes.
 const WATCH_SCRIPT: &str = "\
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
