@@ -210,7 +210,8 @@ impl LockClientBuilder {
     }
 
     /// Replica sync (default [`ReplicaSync::None`]): after every grant, renewal and release of
-    /// every kind of lock, wait until the primary reports that the change reached `replicas`
+    /// every kind of lock, and every change of a latch's count or a semaphore's number of
+    /// permits, wait until the primary reports that the change reached `replicas`
     /// replicas (`WAIT`) or their append-only files (`WAITAOF`, Redis 7.2+).
     ///
     /// - A **grant** is reported only then. One that did not reach them within the timeout is
@@ -221,6 +222,10 @@ impl LockClientBuilder {
     ///   its last synced renewal, and is lost (the guard's lost signal) if that passes.
     /// - A **release** is never failed for lack of replicas (the lock is free on the primary
     ///   either way); a shortfall is logged at WARN.
+    /// - A change of a **latch's count** or a **semaphore's number of permits** returns once
+    ///   the replicas have it. One that did not reach them cannot be rolled back blindly
+    ///   (another client may have changed it since): it stands on the primary and fails with
+    ///   [`LockError::AppliedNotReplicated`] (not transient: calling again applies it again).
     ///
     /// The wait costs a round trip plus the replication delay on every state change, and a
     /// replica that does not answer delays the client's other commands on that primary's

@@ -10,7 +10,7 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use leasehold_core::scripts::Scripts;
 use leasehold_core::telemetry::LockMetrics;
-use leasehold_core::{ClientId, LockKeys, Owner, Prefix, ReplicaSync, Result};
+use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, ReplicaSync, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
 use tokio::time::Instant;
@@ -142,6 +142,31 @@ impl ClientInner {
             sent_at: Instant::now(),
             until,
             timer: true,
+        }
+    }
+
+    /// Replica sync of a change that cannot be rolled back (a latch's count or count-down, a
+    /// semaphore's number of permits), made just before on this client's connection: waits
+    /// for the replicas as the policy says, like a grant. A shortfall is
+    /// [`LockError::AppliedNotReplicated`]: the change ran on the primary and stays there (a
+    /// blind undo could undo someone else's change since). Nothing is sent without a policy.
+    pub(crate) async fn sync_change(&self, keys: &LockKeys) -> Result<()> {
+        if self.replica_sync.is_none() {
+            return Ok(());
+        }
+        // Boxed: without a policy, the common case, this future is never built.
+        match Box::pin(self.replica_sync.require(&self.redis, keys)).await {
+            Ok(_) => Ok(()),
+            Err(LockError::NotReplicated {
+                name,
+                replicas,
+                required,
+            }) => Err(LockError::AppliedNotReplicated {
+                name,
+                replicas,
+                required,
+            }),
+            Err(error) => Err(error),
         }
     }
 

@@ -68,18 +68,24 @@ impl Semaphore {
     }
 
     /// One change, boxed: a script call's future is large in a debug build, and these are not
-    /// hot paths (the caller's stack stays small).
+    /// hot paths (the caller's stack stays small). Under a replica sync policy it returns once
+    /// the replicas have it, like a grant; see [`Semaphore::set_permits`] for a shortfall.
     async fn change(&self, change: SemaphoreChange) -> Result<bool> {
         let client = self.lock.client();
-        Box::pin(client.call(
+        let changed = Box::pin(client.call(
             client.command_timeout,
             commands::semaphore_set(&client.redis, &client.scripts, self.keys(), change),
         ))
-        .await
+        .await?;
+        client.sync_change(self.keys()).await?;
+        Ok(changed)
     }
 
     /// Sets the number of permits if it was never set (Redisson's `trySetPermits`); returns
     /// whether it was set. The number is kept in Redis until [`Semaphore::delete`].
+    ///
+    /// # Errors
+    /// As [`Semaphore::set_permits`]; calling it again after a shortfall is safe.
     pub async fn try_set_permits(&self, permits: u64) -> Result<bool> {
         self.change(SemaphoreChange::TrySet(permits)).await
     }
@@ -87,17 +93,34 @@ impl Semaphore {
     /// Sets the number of permits, whatever it was. Lowering it below the permits taken now is
     /// allowed: new acquisitions wait until enough come back. Waiters whose permits are there
     /// now are woken.
+    ///
+    /// Under a replica sync policy
+    /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)) this and
+    /// every change of the number return once the replicas have it: a number a failover loses
+    /// is the one before (or none: acquisitions then wait until it is set again).
+    ///
+    /// # Errors
+    /// [`LockError::AppliedNotReplicated`] when the change ran on the primary but did not reach
+    /// the replicas in time: it stands there (it is not rolled back). Setting the number again
+    /// is safe; adding again ([`Semaphore::add_permits`]) would add twice.
     pub async fn set_permits(&self, permits: u64) -> Result<()> {
         self.change(SemaphoreChange::Set(permits)).await.map(|_| ())
     }
 
     /// Adds permits (a negative number takes them away, as [`Semaphore::set_permits`] lowers).
+    ///
+    /// # Errors
+    /// As [`Semaphore::set_permits`]: after [`LockError::AppliedNotReplicated`] the permits
+    /// were added on the primary; do not add them again.
     pub async fn add_permits(&self, permits: i64) -> Result<()> {
         self.change(SemaphoreChange::Add(permits)).await.map(|_| ())
     }
 
     /// Deletes the semaphore: its number of permits and every permit taken (their holders learn
     /// at their next renewal that they lost them). Returns whether there was one.
+    ///
+    /// # Errors
+    /// As [`Semaphore::set_permits`]; deleting again after a shortfall is safe.
     pub async fn delete(&self) -> Result<bool> {
         self.change(SemaphoreChange::Delete).await
     }
