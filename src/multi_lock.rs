@@ -6,7 +6,7 @@ use std::time::Duration;
 use leasehold_core::{FencingToken, LockError, Result};
 use tokio::time::Instant;
 
-use crate::{Lock, LockGuard};
+use crate::{Lock, LockGuard, LAST_TRY_BUDGET};
 
 /// Several locks acquired together, all or none (Redisson's `RedissonMultiLock`): for work
 /// that must hold every one of them, such as moving money between two accounts. The locks may
@@ -117,9 +117,7 @@ impl MultiLock {
             match Box::pin(lock.acquire(left, lease)).await? {
                 Some(guard) => guards.push(guard),
                 None => {
-                    // Not all in time: the members taken are released before this returns, so
-                    // "none held" is true when the caller looks.
-                    let _ = Box::pin(MultiLockGuard { guards }.unlock()).await;
+                    give_back(guards, deadline).await;
                     return Ok(None);
                 }
             }
@@ -148,6 +146,11 @@ impl MultiLock {
 
     /// One try of each lock, no waiting: all of them, or `None` and none held.
     ///
+    /// The members taken before one was found busy are given back before `None` is
+    /// returned, all at once, each within [`LAST_TRY_BUDGET`]; one whose server does not
+    /// answer by then is released in the background (so a server cut off costs this call that
+    /// budget, not a command timeout).
+    ///
     /// # Cancel safety
     /// As [`MultiLock::lock`].
     pub async fn try_lock(&self) -> Result<Option<MultiLockGuard<'_>>> {
@@ -156,6 +159,11 @@ impl MultiLock {
 
     /// Waits at most `wait` for all of them; `None` (and none held) when they did not all come
     /// in time.
+    ///
+    /// Returns within about `wait` + 2 × [`LAST_TRY_BUDGET`] whatever the servers do: the
+    /// last try of a member gets that budget, and the members already taken are then given
+    /// back all at once within what is left of the wait (at least that budget); one whose
+    /// server does not answer in time is released in the background.
     ///
     /// # Cancel safety
     /// As [`MultiLock::lock`].
@@ -173,6 +181,23 @@ impl MultiLock {
         lease: Duration,
     ) -> Result<Option<MultiLockGuard<'_>>> {
         self.acquire(Some(wait), Some(lease)).await
+    }
+}
+
+/// Gives back the members a bounded acquire took when it could not take them all, before it
+/// returns `None`, so that "none held" is true when the caller looks: all at once, within what
+/// is left until `deadline` (at least [`LAST_TRY_BUDGET`], as a last try gets). A release that
+/// does not answer by then (its server cut off or paused) is not waited for: it is settled in
+/// the background, as a dropped guard's is, and its lease ends it if even that fails. Waiting
+/// for it (up to a command timeout per member, one after the other) would overrun the caller's
+/// wait by that much.
+async fn give_back(guards: Vec<LockGuard<'_>>, deadline: Option<Instant>) {
+    let left = deadline.map_or(Duration::ZERO, |d| {
+        d.saturating_duration_since(Instant::now())
+    });
+    let results = crate::guard::unlock_all_within(guards, left.max(LAST_TRY_BUDGET)).await;
+    for error in results.into_iter().filter_map(Result::err) {
+        tracing::debug!(%error, "a multi-lock member given back did not confirm in time; settled in the background");
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::{client, client_with_lease, eventually, lock_keys, server};
 use leasehold::{LockError, MultiLock};
+use leasehold_testkit::Proxy;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -180,4 +181,66 @@ async fn members_re_enter_and_may_be_on_different_servers() {
     ));
     assert_eq!(lock_keys(&one), Vec::<String>::new());
     assert_eq!(lock_keys(&two), Vec::<String>::new());
+}
+
+/// A bounded wait that ends with a later member still busy gives back the members it took
+/// within what is left of the wait (at least `LAST_TRY_BUDGET`), all at once: a member whose
+/// server stopped answering does not keep the caller for a whole command timeout (5 s). The
+/// member on the healthy server is free when the call returns; the cut-off one is released in
+/// the background once its server answers again, well before its 30 s lease would end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_wait_gives_back_its_members_in_time_with_a_server_cut_off() {
+    let (healthy, cut) = (server(), Arc::new(server()));
+    let proxy = Arc::new(Proxy::start(cut.addr()).await.unwrap());
+    let (direct, proxied) = (client(&healthy.url()).await, client(&proxy.url()).await);
+    let other = client(&healthy.url()).await;
+    let busy = other.lock("c").unwrap();
+    let busy_guard = busy.lock().await.unwrap();
+    // Taken in the order a, b, c: "a" (healthy) and "b" (behind the proxy), then a wait for
+    // "c", held by `other` until the wait ends.
+    let multi = MultiLock::new([
+        direct.lock("c").unwrap(),
+        proxied.lock("b").unwrap(),
+        direct.lock("a").unwrap(),
+    ])
+    .unwrap();
+    let b_key = proxied.lock("b").unwrap().keys().hash().to_string();
+    // Once "b" is held, the link to its server is cut: its release will get no answer.
+    let cutter = {
+        let (proxy, cut) = (proxy.clone(), cut.clone());
+        tokio::spawn(async move {
+            assert!(
+                eventually(Duration::from_secs(10), || common::exists(&cut, &b_key)).await,
+                "the multi-lock took b"
+            );
+            proxy.partition();
+        })
+    };
+    let wait = Duration::from_secs(1);
+    let started = Instant::now();
+    let got = multi.try_lock_for(wait).await;
+    let took = started.elapsed();
+    cutter.await.unwrap();
+    eprintln!("try_lock_for({wait:?}) returned {got:?} after {took:?}");
+    assert!(matches!(got, Ok(None)), "c stayed busy: {got:?}");
+    assert!(
+        took < wait + Duration::from_millis(1500),
+        "returned {took:?} after a {wait:?} wait: the releases were not bounded by it"
+    );
+    assert_eq!(
+        lock_keys(&healthy),
+        vec!["leasehold:{c}".to_string()],
+        "the member on the healthy server was given back before the call returned"
+    );
+    // The link heals (the connection lost bytes: it is reset, and the client reconnects); the
+    // release of "b" that got no answer is settled.
+    proxy.heal();
+    proxy.close_all();
+    assert!(
+        eventually(Duration::from_secs(15), || lock_keys(&cut).is_empty()).await,
+        "b was not released once its server answered: {:?}",
+        lock_keys(&cut)
+    );
+    busy_guard.unlock().await.unwrap();
+    assert_eq!(lock_keys(&healthy), Vec::<String>::new());
 }
