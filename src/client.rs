@@ -15,6 +15,7 @@ use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
 use tokio::time::Instant;
 
+use crate::server_id::ServerIdentity;
 use crate::Lock;
 
 /// The least time a command gets, even at the very end of a bounded wait: a try at the
@@ -99,6 +100,8 @@ pub(crate) struct ClientInner {
     /// How many replicas a grant, renewal and release must reach
     /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)).
     pub(crate) replica_sync: ReplicaSync,
+    /// The server's identity, as a multi-lock orders its members by.
+    pub(crate) server: ServerIdentity,
 }
 
 impl Drop for ClientInner {
@@ -109,6 +112,11 @@ impl Drop for ClientInner {
 }
 
 impl ClientInner {
+    /// The identity of the server that holds `keys`, now (see [`ServerIdentity`]).
+    pub(crate) fn server_identity(&self, keys: &LockKeys) -> String {
+        self.server.of(&self.redis, keys)
+    }
+
     /// How long a command may take: the command timeout, or what is left until `deadline`, but
     /// at least [`LAST_TRY_BUDGET`].
     pub(crate) fn budget(&self, deadline: Option<Instant>) -> Duration {

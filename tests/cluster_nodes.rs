@@ -1004,3 +1004,30 @@ async fn a_shard_subscription_made_as_its_slot_moves_follows_the_slot() {
     );
     handed.unlock().await.unwrap();
 }
+
+/// On a cluster a lock's server identity, which a multi-lock orders by, is the node serving its
+/// slot (as the client's slot map says), and two clients of one cluster listing one name in a
+/// multi-lock list one lock twice: refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_lock_is_identified_by_the_node_serving_its_slot() {
+    let cluster = start_cluster();
+    let a = cluster_client(&cluster).await;
+    let b = cluster_client(&cluster).await;
+    for name in names_on_every_primary(&cluster, &a, "identity") {
+        let lock = a.lock(&name).unwrap();
+        let owner = cluster.owner_of_slot(lock.keys().slot()).unwrap();
+        assert_eq!(
+            lock.server_identity(),
+            format!("node:{}", cluster.node_id(owner)),
+            "{name}"
+        );
+        assert_eq!(
+            b.lock(&name).unwrap().server_identity(),
+            lock.server_identity()
+        );
+        assert!(matches!(
+            leasehold::MultiLock::new([lock, b.lock(&name).unwrap()]),
+            Err(leasehold::LockError::InvalidArgument(_))
+        ));
+    }
+}
