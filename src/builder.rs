@@ -17,6 +17,7 @@ use leasehold_watchdog::{ScriptRenewer, Watchdog, WatchdogConfig};
 
 use crate::client::{ClientInner, LockClient};
 use crate::connect::{connect, quit_in_background};
+use crate::server_id::ServerIdentity;
 
 /// Default lease of watched holds: 30 s, renewed every 10 s (Redisson's `lockWatchdogTimeout`).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -119,6 +120,7 @@ pub struct LockClientBuilder {
     linger: Duration,
     replica_sync: ReplicaSync,
     sharded_pubsub: bool,
+    server_name: Option<String>,
 }
 
 /// Shows the server, never the credentials in the fred `Config`.
@@ -138,6 +140,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("subscription_linger", &self.linger)
             .field("replica_sync", &self.replica_sync)
             .field("sharded_pubsub", &self.sharded_pubsub)
+            .field("server_name", &self.server_name)
             .finish_non_exhaustive()
     }
 }
@@ -156,6 +159,7 @@ impl LockClientBuilder {
             linger: DEFAULT_SUBSCRIPTION_LINGER,
             replica_sync: ReplicaSync::None,
             sharded_pubsub: true,
+            server_name: None,
         }
     }
 
@@ -210,7 +214,8 @@ impl LockClientBuilder {
     }
 
     /// Replica sync (default [`ReplicaSync::None`]): after every grant, renewal and release of
-    /// every kind of lock, wait until the primary reports that the change reached `replicas`
+    /// every kind of lock, and every change of a latch's count or a semaphore's number of
+    /// permits, wait until the primary reports that the change reached `replicas`
     /// replicas (`WAIT`) or their append-only files (`WAITAOF`, Redis 7.2+).
     ///
     /// - A **grant** is reported only then. One that did not reach them within the timeout is
@@ -221,6 +226,10 @@ impl LockClientBuilder {
     ///   its last synced renewal, and is lost (the guard's lost signal) if that passes.
     /// - A **release** is never failed for lack of replicas (the lock is free on the primary
     ///   either way); a shortfall is logged at WARN.
+    /// - A change of a **latch's count** or a **semaphore's number of permits** returns once
+    ///   the replicas have it. One that did not reach them cannot be rolled back blindly
+    ///   (another client may have changed it since): it stands on the primary and fails with
+    ///   [`LockError::AppliedNotReplicated`] (not transient: calling again applies it again).
     ///
     /// The wait costs a round trip plus the replication delay on every state change, and a
     /// replica that does not answer delays the client's other commands on that primary's
@@ -255,6 +264,21 @@ impl LockClientBuilder {
     /// on clusters too) is under way, and on again once every client runs this version.
     pub fn sharded_pubsub(mut self, sharded: bool) -> Self {
         self.sharded_pubsub = sharded;
+        self
+    }
+
+    /// The name this client's server goes by in a [`MultiLock`](crate::MultiLock)'s order
+    /// (by default the server's own `run_id`, read at connect and after every reconnect; on
+    /// Redis Cluster, the node id of the primary serving each lock's slot).
+    ///
+    /// A multi-lock takes locks of one name on several servers in the order of their servers'
+    /// identities, so every process must see each server under the same identity: a name
+    /// survives restarts and failovers, where a `run_id` changes (docs/multi-lock.md, "Which
+    /// server is which"). Give every client of one server the same name in every process, and
+    /// different servers different names; name all of a deployment's servers or none. Like
+    /// [`RedLock::named`](crate::RedLock::named), for locks of one name on several servers.
+    pub fn server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
         self
     }
 
@@ -293,6 +317,11 @@ impl LockClientBuilder {
             )));
         }
         self.replica_sync.validate(self.command_timeout)?;
+        if self.server_name.as_deref().is_some_and(str::is_empty) {
+            return Err(LockError::InvalidArgument(
+                "a server name must not be empty".into(),
+            ));
+        }
         let mut builder = Builder::from_config(config);
         builder
             .set_policy(self.reconnect.clone())
@@ -345,6 +374,12 @@ impl LockClientBuilder {
             Ok(result) => result?,
             Err(_) => return Err(LockError::Timeout),
         }
+        let server = Box::pin(ServerIdentity::new(
+            &redis,
+            self.server_name,
+            self.command_timeout,
+        ))
+        .await?;
         // The subscriber has the same connection settings: no resend after a reconnect (a
         // SUBSCRIBE resent behind an UNSUBSCRIBE would leave a channel subscribed that the
         // notifier has let go), and a redirected SSUBSCRIBE is sent again by the notifier.
@@ -387,6 +422,7 @@ impl LockClientBuilder {
                 notifier,
                 lock_metrics: LockMetrics::register(KIND_LOCK),
                 replica_sync: self.replica_sync,
+                server,
             }),
         })
     }

@@ -10,11 +10,12 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use leasehold_core::scripts::Scripts;
 use leasehold_core::telemetry::LockMetrics;
-use leasehold_core::{ClientId, LockKeys, Owner, Prefix, ReplicaSync, Result};
+use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, ReplicaSync, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
 use tokio::time::Instant;
 
+use crate::server_id::ServerIdentity;
 use crate::Lock;
 
 /// The least time a command gets, even at the very end of a bounded wait: a try at the
@@ -99,6 +100,8 @@ pub(crate) struct ClientInner {
     /// How many replicas a grant, renewal and release must reach
     /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)).
     pub(crate) replica_sync: ReplicaSync,
+    /// The server's identity, as a multi-lock orders its members by.
+    pub(crate) server: ServerIdentity,
 }
 
 impl Drop for ClientInner {
@@ -109,6 +112,11 @@ impl Drop for ClientInner {
 }
 
 impl ClientInner {
+    /// The identity of the server that holds `keys`, now (see [`ServerIdentity`]).
+    pub(crate) fn server_identity(&self, keys: &LockKeys) -> String {
+        self.server.of(&self.redis, keys)
+    }
+
     /// How long a command may take: the command timeout, or what is left until `deadline`, but
     /// at least [`LAST_TRY_BUDGET`].
     pub(crate) fn budget(&self, deadline: Option<Instant>) -> Duration {
@@ -142,6 +150,31 @@ impl ClientInner {
             sent_at: Instant::now(),
             until,
             timer: true,
+        }
+    }
+
+    /// Replica sync of a change that cannot be rolled back (a latch's count or count-down, a
+    /// semaphore's number of permits), made just before on this client's connection: waits
+    /// for the replicas as the policy says, like a grant. A shortfall is
+    /// [`LockError::AppliedNotReplicated`]: the change ran on the primary and stays there (a
+    /// blind undo could undo someone else's change since). Nothing is sent without a policy.
+    pub(crate) async fn sync_change(&self, keys: &LockKeys) -> Result<()> {
+        if self.replica_sync.is_none() {
+            return Ok(());
+        }
+        // Boxed: without a policy, the common case, this future is never built.
+        match Box::pin(self.replica_sync.require(&self.redis, keys)).await {
+            Ok(_) => Ok(()),
+            Err(LockError::NotReplicated {
+                name,
+                replicas,
+                required,
+            }) => Err(LockError::AppliedNotReplicated {
+                name,
+                replicas,
+                required,
+            }),
+            Err(error) => Err(error),
         }
     }
 

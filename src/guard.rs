@@ -332,3 +332,23 @@ impl Drop for LockGuard<'_> {
         });
     }
 }
+
+/// Releases `guards` all at once, each within `within`, and returns each outcome in order.
+///
+/// For a caller that must not wait longer than it has (a bounded acquire giving back what it
+/// took, a RedLock round): a release that does not answer in time counts as
+/// [`LockError::Timeout`] and its future is dropped, which hands it to the background as
+/// [`LockGuard::unlock`]'s cancel safety says (settled once Redis answers, or ended by its
+/// lease). Concurrently, so that one dead server costs `within` once, not once per member.
+pub(crate) async fn unlock_all_within<'a>(
+    guards: impl IntoIterator<Item = LockGuard<'a>>,
+    within: Duration,
+) -> Vec<Result<()>> {
+    let releases = guards.into_iter().map(|guard| async move {
+        // Boxed: a release future is large, and join_all keeps them side by side.
+        tokio::time::timeout(within, Box::pin(guard.unlock()))
+            .await
+            .unwrap_or(Err(LockError::Timeout))
+    });
+    futures::future::join_all(releases).await
+}

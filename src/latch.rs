@@ -69,31 +69,53 @@ impl Latch {
     /// starting a new round; returns whether it was set. A count of zero sets nothing (the
     /// latch is open).
     ///
+    /// Under a replica sync policy
+    /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)) it returns
+    /// once the replicas have the count: a count a failover loses makes the latch read as open
+    /// (`wait()` returns at once).
+    ///
     /// # Errors
-    /// [`LockError::WrongKind`](crate::LockError::WrongKind) when the name is in use by a lock,
-    /// a read/write lock or a semaphore (nothing changed).
+    /// [`LockError::AppliedNotReplicated`](crate::LockError::AppliedNotReplicated) when the
+    /// count was set (or found set) on the primary but did not reach the replicas in time: it
+    /// stands there. Calling `try_set_count` again is safe (it sets nothing over a count) and
+    /// waits for the replicas again. [`LockError::WrongKind`](crate::LockError::WrongKind) when
+    /// the name is in use by a lock, a read/write lock or a semaphore (nothing changed).
     pub async fn try_set_count(&self, count: u32) -> Result<bool> {
         if count == 0 {
             return Ok(false);
         }
         let client = &self.client;
         // Boxed (here and below): a script call's future is large in a debug build.
-        Box::pin(client.call(
+        let set = Box::pin(client.call(
             client.command_timeout,
             commands::latch_set_count(&client.redis, &client.scripts, &self.keys, count),
         ))
-        .await
+        .await?;
+        client.sync_change(&self.keys).await?;
+        Ok(set)
     }
 
     /// Counts down by one; at zero every waiter is woken. Returns the count left (0 once
     /// open; counting down an open latch does nothing).
+    ///
+    /// Under a replica sync policy it returns once the replicas have the count-down: a
+    /// count-down a failover loses is never counted, and the latch may then never open.
+    ///
+    /// # Errors
+    /// [`LockError::AppliedNotReplicated`](crate::LockError::AppliedNotReplicated) when it
+    /// counted down on the primary but did not reach the replicas in time: it stands there, so
+    /// do **not** count down again for it (that would count twice). A
+    /// [`Timeout`](crate::LockError::Timeout) or [`Connection`](crate::LockError::Connection)
+    /// error may come after the count-down ran, too.
     pub async fn count_down(&self) -> Result<u64> {
         let client = &self.client;
-        Box::pin(client.call(
+        let left = Box::pin(client.call(
             client.command_timeout,
             commands::latch_count_down(&client.redis, &client.scripts, &self.keys),
         ))
-        .await
+        .await?;
+        client.sync_change(&self.keys).await?;
+        Ok(left)
     }
 
     /// The count now (0: open).

@@ -65,6 +65,7 @@ mod release;
 mod rw_lock;
 pub mod schedule;
 mod semaphore;
+mod server_id;
 mod wait;
 
 pub use builder::{

@@ -6,15 +6,20 @@ use std::time::Duration;
 use leasehold_core::{FencingToken, LockError, Result};
 use tokio::time::Instant;
 
-use crate::{Lock, LockGuard};
+use crate::{Lock, LockGuard, LAST_TRY_BUDGET};
 
 /// Several locks acquired together, all or none (Redisson's `RedissonMultiLock`): for work
 /// that must hold every one of them, such as moving money between two accounts. The locks may
 /// come from different clients, and so from different Redis servers.
 ///
-/// Every acquire takes the locks one by one in a **canonical order** (by key, then by server),
-/// whatever order they were listed in: two callers that list `{a, b}` and `{b, a}` both take
-/// `a` first, so neither can hold one while waiting for the other's. A wait's deadline covers
+/// Every acquire takes the locks one by one in a **canonical order** (by key, then by the
+/// server's identity, [`Lock::server_identity`]), whatever order they were listed in: two
+/// callers that list `{a, b}` and `{b, a}` both take `a` first, so neither can hold one while
+/// waiting for the other's. The identity is read from the server (its `run_id`; on Redis
+/// Cluster the node serving the slot) or given by the caller
+/// ([`LockClientBuilder::server_name`](crate::LockClientBuilder::server_name)), never taken
+/// from the address a process reaches it by, which may differ between processes
+/// (docs/multi-lock.md, "Which server is which"). A wait's deadline covers
 /// all of them. If one cannot be had in time, or the acquire fails or is cancelled, the ones
 /// already taken are released (their guards are dropped, which releases them in the background).
 ///
@@ -40,7 +45,7 @@ use crate::{Lock, LockGuard};
 /// ```
 #[derive(Clone)]
 pub struct MultiLock {
-    /// In canonical order.
+    /// In canonical order as of construction.
     locks: Vec<Lock>,
 }
 
@@ -52,46 +57,69 @@ impl fmt::Debug for MultiLock {
     }
 }
 
+/// How often a multi-lock that holds some members and waits for the next one checks that its
+/// order still stands: a server's identity changes when it restarts or fails over (its
+/// `run_id`) or when a Cluster slot moves (the node serving it), and two processes whose
+/// views differ for a moment may have taken two members in opposite orders. The one whose
+/// order changed gives back what it holds and starts again in the new order, so that such a
+/// moment costs a restart, not a wait for each other until a deadline (or for ever).
+const ORDER_CHECK: Duration = Duration::from_secs(1);
+
+/// A lock's place in the canonical order: its key, then its server's identity (see
+/// [`MultiLock`]), then where it was listed (ties only among locks of one key whose servers
+/// look alike, which [`MultiLock::new`] refuses; kept for a total order).
+fn order_of(locks: &[Lock]) -> Vec<usize> {
+    let mut keyed: Vec<(&str, String, usize)> = locks
+        .iter()
+        .enumerate()
+        .map(|(i, lock)| {
+            let identity = lock.client().server_identity(lock.keys());
+            (lock.keys().hash(), identity, i)
+        })
+        .collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, _, i)| i).collect()
+}
+
 impl MultiLock {
     /// The locks `locks`, to be taken together.
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] for no locks, or one lock listed twice (the same key on
-    /// the same server: it would wait for itself).
+    /// the same server, whatever addresses its clients reach it by: it would wait for itself).
     pub fn new(locks: impl IntoIterator<Item = Lock>) -> Result<MultiLock> {
-        let mut locks: Vec<Lock> = locks.into_iter().collect();
+        let locks: Vec<Lock> = locks.into_iter().collect();
         if locks.is_empty() {
             return Err(LockError::InvalidArgument(
                 "a multi-lock needs at least one lock".into(),
             ));
         }
-        // By key, then by the server the client talks to: the same in every process (client
-        // ids are random per process, so two processes could order two servers' locks of one
-        // name differently and wait for each other).
-        let server = |lock: &Lock| {
-            use fred::interfaces::ClientLike;
-            format!("{:?}", lock.client().redis.client_config().server)
-        };
-        let mut keyed: Vec<(String, String, Lock)> = locks
-            .drain(..)
-            .map(|lock| (lock.keys().hash().to_string(), server(&lock), lock))
-            .collect();
-        keyed.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        if let Some(pair) = keyed
-            .windows(2)
-            .find(|pair| pair[0].0 == pair[1].0 && pair[0].1 == pair[1].1)
-        {
+        // By key, then by the server's identity as the server reports it (or as the caller
+        // named it), never by the address a process reaches it by: two processes that reach
+        // one server under different addresses order alike.
+        let order = order_of(&locks);
+        let identity = |i: usize| locks[i].client().server_identity(locks[i].keys());
+        if let Some(pair) = order.windows(2).find(|pair| {
+            locks[pair[0]].keys().hash() == locks[pair[1]].keys().hash()
+                && identity(pair[0]) == identity(pair[1])
+        }) {
             return Err(LockError::InvalidArgument(format!(
-                "lock {:?} is listed twice in one multi-lock (the same key on the same server: \
-                 it would wait for itself)",
-                pair[0].2.name()
+                "lock {:?} is listed twice in one multi-lock (the same key on the same server, \
+                 {}: it would wait for itself)",
+                locks[pair[0]].name(),
+                identity(pair[0])
             )));
         }
-        let locks = keyed.into_iter().map(|(_, _, lock)| lock).collect();
+        let mut locks: Vec<Option<Lock>> = locks.into_iter().map(Some).collect();
+        let locks = order
+            .into_iter()
+            .map(|i| locks[i].take().expect("each index once"))
+            .collect();
         Ok(MultiLock { locks })
     }
 
-    /// The locks, in the order they are taken.
+    /// The locks, in canonical order as of [`MultiLock::new`]. Each acquire orders them afresh
+    /// by their servers' identities then (which change when a server restarts or fails over).
     pub fn locks(&self) -> &[Lock] {
         &self.locks
     }
@@ -104,27 +132,70 @@ impl MultiLock {
         lease: Option<Duration>,
     ) -> Result<Option<MultiLockGuard<'_>>> {
         let deadline = wait.map(|w| Instant::now() + w.min(leasehold_core::MAX_LEASE));
-        let mut guards = Vec::with_capacity(self.locks.len());
-        for lock in &self.locks {
-            let left = match (wait, deadline) {
-                (Some(wait), _) if wait.is_zero() => Some(Duration::ZERO),
-                (_, Some(deadline)) => Some(deadline.saturating_duration_since(Instant::now())),
-                (_, None) => None,
-            };
-            // Boxed: one lock's acquire future, awaited in a loop, would otherwise sit inside
-            // this one. On `?` (or cancellation) `guards` drops here: the members taken are
-            // released in the background.
-            match Box::pin(lock.acquire(left, lease)).await? {
-                Some(guard) => guards.push(guard),
-                None => {
-                    // Not all in time: the members taken are released before this returns, so
-                    // "none held" is true when the caller looks.
-                    let _ = Box::pin(MultiLockGuard { guards }.unlock()).await;
-                    return Ok(None);
+        let one_try = wait.is_some_and(|w| w.is_zero());
+        'order: loop {
+            // In memory: each server's identity as its client knows it now.
+            let order = order_of(&self.locks);
+            let mut guards = Vec::with_capacity(self.locks.len());
+            for &index in &order {
+                let lock = &self.locks[index];
+                let left = match deadline {
+                    _ if one_try => Some(Duration::ZERO),
+                    Some(deadline) => Some(deadline.saturating_duration_since(Instant::now())),
+                    None => None,
+                };
+                // Boxed: one lock's acquire future, awaited in a loop, would otherwise sit
+                // inside this one. On `?` (or cancellation) `guards` drops here: the members
+                // taken are released in the background.
+                let acquire = Box::pin(lock.acquire(left, lease));
+                let got = if guards.is_empty() || one_try {
+                    acquire.await?
+                } else {
+                    match self.unless_reordered(&order, acquire).await {
+                        Some(got) => got?,
+                        None => {
+                            tracing::debug!(
+                                multi_lock = ?self,
+                                "a server's identity changed while waiting: starting again in the new order"
+                            );
+                            give_back(guards, deadline).await;
+                            continue 'order;
+                        }
+                    }
+                };
+                match got {
+                    Some(guard) => guards.push(guard),
+                    None => {
+                        give_back(guards, deadline).await;
+                        return Ok(None);
+                    }
                 }
             }
+            return Ok(Some(MultiLockGuard { guards }));
         }
-        Ok(Some(MultiLockGuard { guards }))
+    }
+
+    /// Runs `acquire` (of a member after the first) unless the canonical order stops being
+    /// `order` meanwhile (checked every [`ORDER_CHECK`]): `None` then, `acquire` dropped (a
+    /// member's acquire is cancel safe).
+    async fn unless_reordered<F: std::future::Future>(
+        &self,
+        order: &[usize],
+        acquire: F,
+    ) -> Option<F::Output> {
+        let reordered = async {
+            loop {
+                tokio::time::sleep(ORDER_CHECK).await;
+                if order_of(&self.locks) != order {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            output = acquire => Some(output),
+            () = reordered => None,
+        }
     }
 
     /// Waits until every lock is held; each is renewed by its client's watchdog.
@@ -148,6 +219,11 @@ impl MultiLock {
 
     /// One try of each lock, no waiting: all of them, or `None` and none held.
     ///
+    /// The members taken before one was found busy are given back before `None` is
+    /// returned, all at once, each within [`LAST_TRY_BUDGET`]; one whose server does not
+    /// answer by then is released in the background (so a server cut off costs this call that
+    /// budget, not a command timeout).
+    ///
     /// # Cancel safety
     /// As [`MultiLock::lock`].
     pub async fn try_lock(&self) -> Result<Option<MultiLockGuard<'_>>> {
@@ -156,6 +232,11 @@ impl MultiLock {
 
     /// Waits at most `wait` for all of them; `None` (and none held) when they did not all come
     /// in time.
+    ///
+    /// Returns within about `wait` + 2 × [`LAST_TRY_BUDGET`] whatever the servers do: the
+    /// last try of a member gets that budget, and the members already taken are then given
+    /// back all at once within what is left of the wait (at least that budget); one whose
+    /// server does not answer in time is released in the background.
     ///
     /// # Cancel safety
     /// As [`MultiLock::lock`].
@@ -173,6 +254,23 @@ impl MultiLock {
         lease: Duration,
     ) -> Result<Option<MultiLockGuard<'_>>> {
         self.acquire(Some(wait), Some(lease)).await
+    }
+}
+
+/// Gives back the members a bounded acquire took when it could not take them all, before it
+/// returns `None`, so that "none held" is true when the caller looks: all at once, within what
+/// is left until `deadline` (at least [`LAST_TRY_BUDGET`], as a last try gets). A release that
+/// does not answer by then (its server cut off or paused) is not waited for: it is settled in
+/// the background, as a dropped guard's is, and its lease ends it if even that fails. Waiting
+/// for it (up to a command timeout per member, one after the other) would overrun the caller's
+/// wait by that much.
+async fn give_back(guards: Vec<LockGuard<'_>>, deadline: Option<Instant>) {
+    let left = deadline.map_or(Duration::ZERO, |d| {
+        d.saturating_duration_since(Instant::now())
+    });
+    let results = crate::guard::unlock_all_within(guards, left.max(LAST_TRY_BUDGET)).await;
+    for error in results.into_iter().filter_map(Result::err) {
+        tracing::debug!(%error, "a multi-lock member given back did not confirm in time; settled in the background");
     }
 }
 

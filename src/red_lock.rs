@@ -564,12 +564,7 @@ impl QuorumLock {
     /// Releases `members` at once, each within the per-server timeout (one that does not
     /// answer in time is released in the background when its guard drops).
     async fn release<'a>(&self, members: impl Iterator<Item = LockGuard<'a>>) -> Vec<Result<()>> {
-        let releases = members.map(|guard| async move {
-            tokio::time::timeout(self.server_timeout, Box::pin(guard.unlock()))
-                .await
-                .unwrap_or(Err(LockError::Timeout))
-        });
-        futures::future::join_all(releases).await
+        crate::guard::unlock_all_within(members, self.server_timeout).await
     }
 }
 

@@ -68,14 +68,17 @@ impl Semaphore {
     }
 
     /// One change, boxed: a script call's future is large in a debug build, and these are not
-    /// hot paths (the caller's stack stays small).
+    /// hot paths (the caller's stack stays small). Under a replica sync policy it returns once
+    /// the replicas have it, like a grant; see [`Semaphore::set_permits`] for a shortfall.
     async fn change(&self, change: SemaphoreChange) -> Result<bool> {
         let client = self.lock.client();
-        Box::pin(client.call(
+        let changed = Box::pin(client.call(
             client.command_timeout,
             commands::semaphore_set(&client.redis, &client.scripts, self.keys(), change),
         ))
-        .await
+        .await?;
+        client.sync_change(self.keys()).await?;
+        Ok(changed)
     }
 
     /// Sets the number of permits if it was never set (Redisson's `trySetPermits`); returns
@@ -83,7 +86,7 @@ impl Semaphore {
     /// has 0 to `u32::MAX` permits: every count stays exact in the scripts.
     ///
     /// # Errors
-    /// [`LockError::WrongKind`] when the name is in use by another kind (nothing changed).
+    /// As [`Semaphore::set_permits`]; calling it again after a shortfall is safe.
     pub async fn try_set_permits(&self, permits: u32) -> Result<bool> {
         self.change(SemaphoreChange::TrySet(permits)).await
     }
@@ -92,8 +95,16 @@ impl Semaphore {
     /// allowed: new acquisitions wait until enough come back. Waiters whose permits are there
     /// now are woken.
     ///
+    /// Under a replica sync policy
+    /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)) this and
+    /// every change of the number return once the replicas have it: a number a failover loses
+    /// is the one before (or none: acquisitions then wait until it is set again).
+    ///
     /// # Errors
-    /// As [`Semaphore::try_set_permits`].
+    /// [`LockError::AppliedNotReplicated`] when the change ran on the primary but did not reach
+    /// the replicas in time: it stands there (it is not rolled back). Setting the number again
+    /// is safe; adding again ([`Semaphore::add_permits`]) would add twice.
+    /// [`LockError::WrongKind`] when the name is in use by another kind (nothing changed).
     pub async fn set_permits(&self, permits: u32) -> Result<()> {
         self.change(SemaphoreChange::Set(permits)).await.map(|_| ())
     }
@@ -102,13 +113,18 @@ impl Semaphore {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] when the number would leave 0 to `u32::MAX` (nothing
-    /// changed); [`LockError::WrongKind`] as [`Semaphore::try_set_permits`].
+    /// changed); otherwise as [`Semaphore::set_permits`]: after
+    /// [`LockError::AppliedNotReplicated`] the permits were added on the primary; do not add
+    /// them again.
     pub async fn add_permits(&self, permits: i64) -> Result<()> {
         self.change(SemaphoreChange::Add(permits)).await.map(|_| ())
     }
 
     /// Deletes the semaphore: its number of permits and every permit taken (their holders learn
     /// at their next renewal that they lost them). Returns whether there was one.
+    ///
+    /// # Errors
+    /// As [`Semaphore::set_permits`]; deleting again after a shortfall is safe.
     pub async fn delete(&self) -> Result<bool> {
         self.change(SemaphoreChange::Delete).await
     }

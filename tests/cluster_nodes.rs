@@ -900,3 +900,134 @@ async fn a_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
         .expect("the waiter gets the lock");
     handed.unlock().await.unwrap();
 }
+
+/// A waiter's shard subscription made just as its slot moves: `SSUBSCRIBE` reaches the old
+/// owner, the slot then moves (the old owner drops the subscription) and the subscriber's slot
+/// map is resynced before the client notes where the subscription was made. The slot follower
+/// must still subscribe again at the new owner, and the waiter be woken by the release, not by
+/// the holder's 30 s lease.
+///
+/// The move is made in that window by a test hook of the subscriber
+/// (`leasehold_pubsub::set_shard_subscribed_hook`), which runs after the `SSUBSCRIBE` reply:
+/// without it the window is as short as a task's wake-up, and no fault from outside the client
+/// lands there on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_subscription_made_as_its_slot_moves_follows_the_slot() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use futures::FutureExt;
+
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "subscribed-as-it-moves";
+    let lock = a.lock(name).unwrap();
+    let channel = lock.keys().released().to_string();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let shard_subscribers = |node: usize| {
+        let reply = cluster
+            .node(node)
+            .command(&["PUBSUB", "SHARDNUMSUB", &channel])
+            .unwrap();
+        reply
+            .as_array()
+            .and_then(|parts| parts.get(1))
+            .and_then(|count| count.as_int())
+            .unwrap_or(0)
+    };
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let (moved_tx, moved_rx) = tokio::sync::oneshot::channel::<()>();
+    let moved_tx = Arc::new(parking_lot::Mutex::new(Some(moved_tx)));
+    let once = Arc::new(AtomicBool::new(false));
+    leasehold_pubsub::set_shard_subscribed_hook(Some(Arc::new({
+        let (cluster, channel) = (cluster.clone(), channel.clone());
+        move |subscriber: &fred::clients::SubscriberClient, subscribed: &str| {
+            if subscribed != channel || once.swap(true, Ordering::SeqCst) {
+                return futures::future::ready(()).boxed();
+            }
+            let (cluster, subscriber, moved_tx) =
+                (cluster.clone(), subscriber.clone(), moved_tx.clone());
+            async move {
+                use fred::interfaces::ClusterInterface;
+                blocking(move || cluster.migrate_slot(slot, to))
+                    .await
+                    .expect("the slot moves");
+                subscriber
+                    .sync_cluster()
+                    .await
+                    .expect("the slot map resyncs");
+                if let Some(tx) = moved_tx.lock().take() {
+                    let _ = tx.send(());
+                }
+            }
+            .boxed()
+        }
+    })));
+    let waiter = {
+        let lock = b.lock(name).unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    within(
+        Duration::from_secs(20),
+        "the move between SSUBSCRIBE and its record",
+        moved_rx,
+    )
+    .await
+    .expect("the hook ran");
+    leasehold_pubsub::set_shard_subscribed_hook(None);
+    assert!(eventually(Duration::from_secs(10), || b.waiters() == 1).await);
+    // The follower sees the owner changed (within SHARD_CHECK) and subscribes there.
+    let followed = eventually(Duration::from_secs(10), || shard_subscribers(to) == 1).await;
+    assert!(
+        followed,
+        "the waiter's channel was not subscribed again at the slot's new owner: {} subscriber(s) \
+         there, {} at the old one",
+        shard_subscribers(to),
+        shard_subscribers(from)
+    );
+    let released_at = Instant::now();
+    guard.unlock().await.unwrap();
+    let handed = within(Duration::from_secs(40), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter gets the lock");
+    let after_release = released_at.elapsed();
+    assert!(
+        after_release < Duration::from_secs(10),
+        "woken by the release, not by the 30 s lease: {after_release:?}"
+    );
+    handed.unlock().await.unwrap();
+}
+
+/// On a cluster a lock's server identity, which a multi-lock orders by, is the node serving its
+/// slot (as the client's slot map says), and two clients of one cluster listing one name in a
+/// multi-lock list one lock twice: refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_lock_is_identified_by_the_node_serving_its_slot() {
+    let cluster = start_cluster();
+    let a = cluster_client(&cluster).await;
+    let b = cluster_client(&cluster).await;
+    for name in names_on_every_primary(&cluster, &a, "identity") {
+        let lock = a.lock(&name).unwrap();
+        let owner = cluster.owner_of_slot(lock.keys().slot()).unwrap();
+        assert_eq!(
+            lock.server_identity(),
+            format!("node:{}", cluster.node_id(owner)),
+            "{name}"
+        );
+        assert_eq!(
+            b.lock(&name).unwrap().server_identity(),
+            lock.server_identity()
+        );
+        assert!(matches!(
+            leasehold::MultiLock::new([lock, b.lock(&name).unwrap()]),
+            Err(leasehold::LockError::InvalidArgument(_))
+        ));
+    }
+}

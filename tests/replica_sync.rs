@@ -11,6 +11,9 @@
 //!   with `LockError::NotReplicated`.
 //! - A renewal the replica missed counts as failed: the hold is lost when its last synced
 //!   deadline passes. A release is never failed for lack of replicas.
+//! - A latch's count and count-downs, and a semaphore's number of permits, reach the replica
+//!   before the call returns; one the cut-off replica missed fails with
+//!   `LockError::AppliedNotReplicated` and stands on the primary.
 
 use std::time::{Duration, Instant};
 
@@ -320,4 +323,99 @@ async fn bad_policies_are_refused_and_waitaof_needs_redis_7_2() {
         }
         other => panic!("WAITAOF support {has_waitaof}: {other:?}"),
     }
+}
+
+/// `HGET key field` on `server`, as an integer.
+fn hget(server: &RedisServer, key: &str, field: &str) -> Option<i64> {
+    server
+        .command(&["HGET", key, field])
+        .unwrap()
+        .as_str()
+        .map(|v| v.parse().expect("an integer"))
+}
+
+/// Under the policy a latch's count and its count-downs wait for the replica like a grant: once
+/// the call returns, the replica has them. With the replica cut off the call says so
+/// (`AppliedNotReplicated`): the change ran on the primary and stays there, it is not rolled
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_count_and_its_count_downs_wait_for_the_replica() {
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), SYNC).await;
+    let latch = a.latch("workers-ready").unwrap();
+    let hash = a.lock("workers-ready").unwrap().keys().hash().to_string();
+    let field = leasehold_core::protocol::LATCH_FIELD;
+    assert!(latch.try_set_count(3).await.unwrap());
+    assert_eq!(
+        hget(pair.replica(), &hash, field),
+        Some(3),
+        "the count is on the replica"
+    );
+    assert_eq!(latch.count_down().await.unwrap(), 2);
+    assert_eq!(
+        hget(pair.replica(), &hash, field),
+        Some(2),
+        "the count-down is on the replica"
+    );
+    pair.cut().unwrap();
+    match latch.count_down().await {
+        Err(LockError::AppliedNotReplicated {
+            replicas: 0,
+            required: 1,
+            ..
+        }) => {}
+        other => panic!("expected AppliedNotReplicated, got {other:?}"),
+    }
+    assert_eq!(
+        latch.count().await.unwrap(),
+        1,
+        "the count-down stands on the primary"
+    );
+    let other = a.latch("never-replicated").unwrap();
+    match other.try_set_count(2).await {
+        Err(LockError::AppliedNotReplicated { .. }) => {}
+        other => panic!("expected AppliedNotReplicated, got {other:?}"),
+    }
+    assert_eq!(other.count().await.unwrap(), 2, "set on the primary");
+    pair.restore().await.unwrap();
+}
+
+/// A semaphore's number of permits is waited for alike: set, try-set, add and delete reach the
+/// replica under the policy, and each reports a replica that did not get it in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_number_of_permits_waits_for_the_replica() {
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), SYNC).await;
+    let sem = a.semaphore("exports").unwrap();
+    let hash = sem.keys().hash().to_string();
+    let field = leasehold_core::protocol::PERMITS_FIELD;
+    assert!(sem.try_set_permits(2).await.unwrap());
+    assert_eq!(hget(pair.replica(), &hash, field), Some(2));
+    sem.add_permits(1).await.unwrap();
+    assert_eq!(hget(pair.replica(), &hash, field), Some(3));
+    sem.set_permits(5).await.unwrap();
+    assert_eq!(hget(pair.replica(), &hash, field), Some(5));
+    pair.cut().unwrap();
+    let short = |result: &leasehold::Result<()>| {
+        matches!(
+            result,
+            Err(LockError::AppliedNotReplicated {
+                replicas: 0,
+                required: 1,
+                ..
+            })
+        )
+    };
+    let added = sem.add_permits(1).await;
+    assert!(short(&added), "add_permits: {added:?}");
+    let set = sem.set_permits(4).await;
+    assert!(short(&set), "set_permits: {set:?}");
+    assert_eq!(sem.permits().await.unwrap(), 4, "applied on the primary");
+    let other = a.semaphore("other").unwrap();
+    let tried = other.try_set_permits(1).await.map(|_| ());
+    assert!(short(&tried), "try_set_permits: {tried:?}");
+    let deleted = sem.delete().await.map(|_| ());
+    assert!(short(&deleted), "delete: {deleted:?}");
+    assert_eq!(sem.permits().await.unwrap(), 0, "deleted on the primary");
+    pair.restore().await.unwrap();
 }

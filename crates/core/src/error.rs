@@ -99,6 +99,25 @@ pub enum LockError {
         /// The kind the refused call is for.
         asked_as: String,
     },
+    /// A change that cannot be undone (a latch's count or count-down, a semaphore's number of
+    /// permits) ran on the primary but did not reach the replicas the client's replica sync
+    /// policy asks for within its timeout. It stands on the primary (it was not rolled back),
+    /// and a failover before a replica has it loses it. Not transient: calling again would
+    /// apply it again (count down twice, add twice). docs/deployments.md ("Replica sync") says
+    /// what a failover can then do and what to do about it.
+    #[error(
+        "{name:?} was changed on the primary but the change reached {replicas} of the {required} \
+         replicas required in time: it stands on the primary, and a failover before a replica \
+         has it would lose it"
+    )]
+    AppliedNotReplicated {
+        /// The latch's or semaphore's name.
+        name: String,
+        /// Replicas that acknowledged the change.
+        replicas: u32,
+        /// Replicas the policy asks for.
+        required: u32,
+    },
     /// A quorum lock (`RedLock`) could not reach a majority of its servers: fewer than
     /// `needed` of the `servers` answered, the others failed or did not answer within the
     /// per-server timeout. Nothing is held: what some servers granted was released. Transient:

@@ -6,7 +6,9 @@
 //! makes the client wait until `n` replicas have acknowledged every write of its connection
 //! (`WAITAOF` also waits for the append-only file). The grant is reported only then; a grant
 //! that did not reach the replicas in time is rolled back and reported as
-//! [`LockError::NotReplicated`].
+//! [`LockError::NotReplicated`]. A change that cannot be rolled back (a latch's count, a
+//! semaphore's number of permits) is waited for alike, and a shortfall reported as
+//! [`LockError::AppliedNotReplicated`]: it stands on the primary.
 //!
 //! It narrows the window, it does not close it: a replica that acknowledged may still not be
 //! the one promoted, and `WAIT` does not make Redis a consensus system (see
@@ -28,15 +30,16 @@ pub enum ReplicaSync {
     /// No waiting: a state change counts once the primary ran it.
     #[default]
     None,
-    /// `WAIT replicas timeout` after each grant, renewal and release.
+    /// `WAIT replicas timeout` after each grant, renewal and release, and each change of a
+    /// latch's count or a semaphore's number of permits.
     Replicas {
         /// How many replicas must acknowledge (at least 1).
         replicas: u32,
         /// How long the primary waits for them (above zero: `WAIT 0` would wait for ever).
         timeout: Duration,
     },
-    /// `WAITAOF local replicas timeout` (Redis 7.2 and later) after each grant, renewal and
-    /// release: the change is in the append-only file of the primary (`local`) and of
+    /// `WAITAOF local replicas timeout` (Redis 7.2 and later) after each grant, renewal,
+    /// release and change of a latch's count or a semaphore's number: the change is in the append-only file of the primary (`local`) and of
     /// `replicas` replicas.
     Aof {
         /// Whether the primary's own AOF must have it (needs `appendonly yes` there).

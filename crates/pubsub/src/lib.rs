@@ -26,5 +26,7 @@
 mod notifier;
 mod queue;
 
+#[doc(hidden)]
+pub use notifier::{set_shard_subscribed_hook, ShardSubscribedHook};
 pub use notifier::{NotifierSettings, ReleaseNotifier, SHARD_CHECK};
 pub use queue::Place;

@@ -601,15 +601,55 @@ async fn stand_by(channel: Arc<Channel>) {
 }
 
 /// `SSUBSCRIBE`s `channel` (sent again while the cluster redirects it) and records the node
-/// that owns its slot now. fred answers `SSUBSCRIBE` with Redis's own reply, so once this
-/// returns the subscription is in place.
+/// the subscription was made on: the slot's owner in the subscriber's slot map when the
+/// command went out, which is where fred routed it. fred answers `SSUBSCRIBE` with Redis's own
+/// reply, so once this returns the subscription is in place there.
+///
+/// The owner is read before each send, not after the reply: if the slot moved in between (the
+/// old owner dropping the subscription) and the map was resynced meanwhile (by
+/// [`follow_slots`], or a `MOVED` of another command), an owner read after the reply would be
+/// the new one, [`follow_slots`] would find nothing to follow, and the channel would stay deaf
+/// until its waiter's timer. Read before, the old owner is recorded and the follower
+/// subscribes again at the new one. Recorded only on success: a failed subscribe keeps the
+/// owner recorded before, so that the follower tries again.
 async fn shard_subscribe(
     subscriber: &SubscriberClient,
     channel: &Channel,
 ) -> Result<(), fred::error::Error> {
-    resend_not_run(|| subscriber.ssubscribe(channel.name.as_str())).await?;
-    *channel.shard_owner.lock() = shard_owner(subscriber, &channel.name);
+    let sent_to = Mutex::new(None);
+    resend_not_run(|| {
+        *sent_to.lock() = shard_owner(subscriber, &channel.name);
+        subscriber.ssubscribe(channel.name.as_str())
+    })
+    .await?;
+    shard_subscribed(subscriber, &channel.name).await;
+    *channel.shard_owner.lock() = sent_to.into_inner();
     Ok(())
+}
+
+/// A test's pause between a shard subscription's reply and what [`shard_subscribe`] does next
+/// (see [`set_shard_subscribed_hook`]).
+#[doc(hidden)]
+pub type ShardSubscribedHook =
+    Arc<dyn Fn(&SubscriberClient, &str) -> BoxFuture<'static, ()> + Send + Sync>;
+
+static SHARD_SUBSCRIBED_HOOK: Mutex<Option<ShardSubscribedHook>> = Mutex::new(None);
+
+/// For tests, not part of the API: `hook` runs (with the subscriber and the channel) right
+/// after every `SSUBSCRIBE` reply, before [`shard_subscribe`] goes on, in every client of the
+/// process; `None` removes it. Without it that window lasts as long as the task takes to be
+/// polled after fred hands over the reply: a test that moves the channel's slot there checks
+/// that the slot follower still subscribes again at the new owner.
+#[doc(hidden)]
+pub fn set_shard_subscribed_hook(hook: Option<ShardSubscribedHook>) {
+    *SHARD_SUBSCRIBED_HOOK.lock() = hook;
+}
+
+async fn shard_subscribed(subscriber: &SubscriberClient, channel: &str) {
+    let hook = SHARD_SUBSCRIBED_HOOK.lock().clone();
+    if let Some(hook) = hook {
+        hook(subscriber, channel).await;
+    }
 }
 
 /// The node that owns `channel`'s slot, as the subscriber's slot map says.
