@@ -683,13 +683,7 @@ async fn every_acquire_on_a_name_of_another_kind_is_refused_and_changes_nothing(
     for (held, name) in names {
         let before = common::snapshot(&redis, name);
         for (asked, _) in names.iter().filter(|(kind, _)| *kind != held) {
-            // A read of a lock's name as a semaphore or a latch cannot tell a plain lock's
-            // hash from no hash without a script: those reads answer "none set".
             for variant in 0..4 {
-                let read_only = matches!((asked, variant), (Kind::Latch, 2 | 3));
-                if held == Kind::Lock && read_only {
-                    continue;
-                }
                 let error = call_as(&client, *asked, name, variant).await;
                 assert!(
                     matches!(&error, Some(LockError::WrongKind { name: n, held_as, asked_as })

@@ -312,8 +312,26 @@ pub enum SemaphoreChange {
     Delete,
 }
 
-/// The kind a name is in use as, from its hash's `~kind` field (`None`: no field, a lock's hash
-/// or no hash), refused with [`LockError::WrongKind`] unless it is `wanted`.
+/// The fields a read asks for besides its own, to tell which kind a name is in use as: the
+/// `~kind` marker, and the fields only a lock's hash has (every lock grant writes `~fence`; an
+/// `unlock_after` tail is `~expiring` alone). A hash without any of them is no lock's.
+const KIND_FIELDS: [&str; 3] = [
+    crate::protocol::KIND_FIELD,
+    crate::protocol::FENCE_FIELD,
+    crate::protocol::EXPIRING_FIELD,
+];
+
+/// The kind a name is in use as, from one read of [`KIND_FIELDS`]: its `~kind`, or a lock when
+/// a lock's own fields are there (`None`: no hash at all, or this kind's own without a marker).
+fn held_as(
+    kind: Option<String>,
+    fence: Option<String>,
+    expiring: Option<String>,
+) -> Option<String> {
+    kind.or_else(|| (fence.is_some() || expiring.is_some()).then(|| "lock".to_string()))
+}
+
+/// Refuses a name in use as another kind than `wanted` with [`LockError::WrongKind`].
 fn check_kind(keys: &LockKeys, held: Option<&str>, wanted: &str) -> Result<()> {
     match held {
         Some(kind) if kind != wanted => Err(LockError::WrongKind {
@@ -365,25 +383,27 @@ pub async fn semaphore_set<C: LuaInterface + Send + Sync>(
 /// A semaphore's number of permits and the permits taken now (`None` when never set).
 ///
 /// # Errors
-/// [`LockError::WrongKind`] when the name is a read/write lock's or a latch's.
+/// [`LockError::WrongKind`] when the name is a lock's, a read/write lock's or a latch's.
 pub async fn semaphore_state<C: fred::interfaces::HashesInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,
 ) -> Result<Option<(i64, i64)>> {
-    let fields: (Option<i64>, Option<i64>, Option<String>) = resend_not_run(|| {
-        client.hmget(
-            keys.hash_str(),
-            vec![
-                crate::protocol::PERMITS_FIELD,
-                crate::protocol::USED_FIELD,
-                crate::protocol::KIND_FIELD,
-            ],
-        )
+    type Fields = (
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
+    let (permits, used, kind, fence, expiring): Fields = resend_not_run(|| {
+        let mut fields = vec![crate::protocol::PERMITS_FIELD, crate::protocol::USED_FIELD];
+        fields.extend(KIND_FIELDS);
+        client.hmget(keys.hash_str(), fields)
     })
     .await
     .map_err(|e| from_fred(e, &[keys.hash()]))?;
-    check_kind(keys, fields.2.as_deref(), "semaphore")?;
-    Ok(fields.0.map(|permits| (permits, fields.1.unwrap_or(0))))
+    check_kind(keys, held_as(kind, fence, expiring).as_deref(), "semaphore")?;
+    Ok(permits.map(|permits| (permits, used.unwrap_or(0))))
 }
 
 /// Sets a count-down latch's count if it is not counting down (`scripts/latch/set_count.lua`):
@@ -439,25 +459,26 @@ pub struct LatchState {
 /// A latch's count and round.
 ///
 /// # Errors
-/// [`LockError::WrongKind`] when the name is a read/write lock's or a semaphore's.
+/// [`LockError::WrongKind`] when the name is a lock's, a read/write lock's or a semaphore's.
 pub async fn latch_state<C: fred::interfaces::HashesInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,
 ) -> Result<LatchState> {
-    let (count, round, kind): (Option<i64>, Option<String>, Option<String>) =
-        resend_not_run(|| {
-            client.hmget(
-                keys.hash_str(),
-                vec![
-                    crate::protocol::LATCH_FIELD,
-                    crate::protocol::ROUND_FIELD,
-                    crate::protocol::KIND_FIELD,
-                ],
-            )
-        })
-        .await
-        .map_err(|e| from_fred(e, &[keys.hash()]))?;
-    check_kind(keys, kind.as_deref(), "latch")?;
+    type Fields = (
+        Option<i64>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
+    let (count, round, kind, fence, expiring): Fields = resend_not_run(|| {
+        let mut fields = vec![crate::protocol::LATCH_FIELD, crate::protocol::ROUND_FIELD];
+        fields.extend(KIND_FIELDS);
+        client.hmget(keys.hash_str(), fields)
+    })
+    .await
+    .map_err(|e| from_fred(e, &[keys.hash()]))?;
+    check_kind(keys, held_as(kind, fence, expiring).as_deref(), "latch")?;
     Ok(LatchState {
         count: count.unwrap_or(0).max(0) as u64,
         round,
