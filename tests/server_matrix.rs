@@ -9,6 +9,7 @@
 //!   says what to do, not at the first grant: `WAIT` renamed away (`rename-command WAIT ""`, as
 //!   serverless offerings answer "unknown command"), `WAIT` outside the user's ACL, and
 //!   `WAITAOF` where the server lacks it (before Redis 7.2) or the ACL refuses it.
+//! - A server that refuses `SUBSCRIBE` serves locks that need no wait; a wait fails at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -214,4 +215,61 @@ async fn replica_sync_is_refused_at_build_for_a_user_without_the_permission() {
         }
         (_, other) => panic!("WAITAOF present {has_waitaof}: {other:?}"),
     }
+}
+
+/// A server that refuses `SUBSCRIBE` (renamed away here; some proxies and managed services
+/// answer "unknown command"): the build succeeds and locks that need no wait work, and a wait
+/// on a held lock fails at once with the server's refusal instead of sleeping until the
+/// holder's 30 s lease runs out. Waiting needs pub/sub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_subscribe_waits_fail_at_once_and_free_locks_are_granted() {
+    let server = RedisServer::builder()
+        .args(["--rename-command", "SUBSCRIBE", ""])
+        .start()
+        .unwrap_or_else(|e| panic!("cannot start a server without SUBSCRIBE: {e}"));
+    let lease = Duration::from_secs(30);
+    let client = || async {
+        LockClient::builder(&server.url())
+            .lease(lease)
+            .build()
+            .await
+            .expect("the build needs no SUBSCRIBE")
+    };
+    let (a, b) = (client().await, client().await);
+    let held = a.lock("no-subscribe").unwrap();
+    let guard = held.try_lock().await.unwrap().expect("free");
+    let lock = b.lock("no-subscribe").unwrap();
+    for bounded in [true, false] {
+        let started = Instant::now();
+        let waited = if bounded {
+            lock.try_lock_for(Duration::from_secs(20)).await.map(drop)
+        } else {
+            tokio::time::timeout(Duration::from_secs(20), lock.lock())
+                .await
+                .expect("lock() returns before the holder's lease ends")
+                .map(drop)
+        };
+        let took = started.elapsed();
+        // The refusal comes back as the server's error, or, when fred hands it to no command,
+        // as the confirming PING's finding that the connection is not subscribed.
+        match waited {
+            Err(LockError::Redis(error)) => {
+                assert!(error.to_string().contains("SUBSCRIBE"), "{error}")
+            }
+            Err(LockError::PermissionDenied(error)) => {
+                assert!(error.to_string().contains("SUBSCRIBE"), "{error}")
+            }
+            other => panic!("bounded {bounded}: expected the refusal, got {other:?}"),
+        }
+        assert!(
+            took < Duration::from_secs(2),
+            "failed at once, not after {took:?}"
+        );
+    }
+    guard.unlock().await.unwrap();
+    let free = lock.try_lock_for(Duration::from_secs(2)).await.unwrap();
+    free.expect("a free lock is granted without waiting")
+        .unlock()
+        .await
+        .unwrap();
 }
