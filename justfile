@@ -126,14 +126,14 @@ deps:
 package:
     cargo package --workspace --exclude leasehold-bench --exclude leasehold-chaos
 
-# Built with `--workspace`, as `cargo test --workspace --all-targets` builds them (a no-op
-# after it): `cargo run --example` would build the facade's dependencies a second time with
-# the features of the facade alone.
+# Built as `cargo test --workspace --all-targets` builds them (`--workspace`, the test profile),
+# so after it this is a no-op: `cargo run --example` built every dependency a second time (the
+# dev profile, with the features of the facade alone; about 200 s on the 2-core machine).
 # Run every example in examples/ (each starts its own redis-server unless REDIS_URL is set).
 examples:
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build --quiet --workspace --examples
+    cargo build --quiet --workspace --examples --profile test
     for example in examples/*.rs; do
         name=$(basename "$example" .rs)
         echo "== example $name"
