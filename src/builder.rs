@@ -52,8 +52,7 @@ async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
     Ok(())
 }
 
-/// Whether the server knows `command` (`COMMAND INFO`): `WAITAOF` came with Redis 7.2,
-/// `SPUBLISH` with 7.0.
+/// Whether the server knows `command` (`COMMAND INFO`): `SPUBLISH` came with Redis 7.0.
 async fn has_command(redis: &Client, command: &'static str, timeout: Duration) -> Result<bool> {
     use fred::types::{ClusterHash, CustomCommand, Value};
     let info = redis.custom::<Value, _>(
@@ -65,6 +64,62 @@ async fn has_command(redis: &Client, command: &'static str, timeout: Duration) -
         Err(_) => return Err(LockError::Timeout),
     };
     Ok(matches!(&reply, Value::Array(entries) if entries.first().is_some_and(|e| !e.is_null())))
+}
+
+/// Checks at build that the server runs the command the replica sync policy sends after every
+/// state change, so that a deployment that refuses it fails here rather than at the first
+/// grant: a server that lacks it (`WAITAOF` before Redis 7.2), one that renamed it away
+/// (`rename-command WAIT ""`), a managed service that does not offer it (serverless ones answer
+/// "unknown command"), or an ACL user without the permission. The probe asks for no copy, so
+/// the server answers at once: `WAIT 0 1`, `WAITAOF 0 0 1`.
+async fn probe_replica_sync(redis: &Client, policy: ReplicaSync, timeout: Duration) -> Result<()> {
+    use fred::types::{ClusterHash, CustomCommand, Value};
+    let (command, args, policy_name, otherwise): (_, Vec<Value>, _, _) = match policy {
+        ReplicaSync::Replicas { .. } => (
+            "WAIT",
+            vec![0.into(), 1.into()],
+            "ReplicaSync::Replicas",
+            "use ReplicaSync::None (fencing tokens still order the holders) or a deployment that \
+             allows WAIT",
+        ),
+        ReplicaSync::Aof { .. } => (
+            "WAITAOF",
+            vec![0.into(), 0.into(), 1.into()],
+            "ReplicaSync::Aof",
+            "use ReplicaSync::Replicas",
+        ),
+        _ => return Ok(()),
+    };
+    let probe = redis.custom::<Value, _>(
+        CustomCommand::new_static(command, ClusterHash::Random, false),
+        args,
+    );
+    let error = match tokio::time::timeout(timeout, probe).await {
+        Err(_) => return Err(LockError::Timeout),
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(error)) => error,
+    };
+    match LockError::from_redis(error.clone()) {
+        LockError::PermissionDenied(_) => Err(LockError::from_redis(fred::error::Error::new(
+            error.kind().clone(),
+            format!(
+                "{} ({policy_name} sends {command} after every grant, renewal and release: add \
+                 +{} to the user's ACL rule, or {otherwise})",
+                error.details(),
+                command.to_ascii_lowercase()
+            ),
+        ))),
+        LockError::Redis(_) => Err(LockError::InvalidArgument(format!(
+            "{policy_name} needs {command}{}, which this server refused ({}): {otherwise}",
+            if command == "WAITAOF" {
+                " (Redis 7.2 or later)"
+            } else {
+                ""
+            },
+            error.details()
+        ))),
+        other => Err(other),
+    }
 }
 
 impl LockClient {
@@ -235,7 +290,8 @@ impl LockClientBuilder {
     /// replica that does not answer delays the client's other commands on that primary's
     /// connection by up to the timeout. It narrows the window in which a failover loses a
     /// grant; it does not close it (docs/deployments.md). Per lock: build a second client with
-    /// another policy.
+    /// another policy. [`build`](Self::build) checks that the server runs the policy's command
+    /// (`WAIT 0 1` or `WAITAOF 0 0 1`, which wait for nothing) and refuses the policy otherwise.
     ///
     /// ```no_run
     /// # async fn f() -> leasehold::Result<()> {
@@ -288,7 +344,10 @@ impl LockClientBuilder {
     /// [`LockError::InvalidArgument`] for a bad URL, prefix, lease, grace or timeout;
     /// [`LockError::Connection`] when Redis cannot be reached;
     /// [`LockError::PermissionDenied`] for refused credentials or a user that may not load the
-    /// scripts.
+    /// scripts. With [replica sync](Self::replica_sync), a deployment that refuses its command
+    /// is refused here: `InvalidArgument` where the server does not know `WAIT` (renamed away,
+    /// a managed service without it) or `WAITAOF` (before Redis 7.2), `PermissionDenied` where
+    /// the user's ACL leaves it out.
     ///
     /// # Cancel safety
     /// Cancel safe: a connection made before the future was dropped (or before an error) is
@@ -352,15 +411,12 @@ impl LockClientBuilder {
             move || quit_in_background(&redis)
         });
         connect(&redis, self.command_timeout).await?;
-        if matches!(self.replica_sync, ReplicaSync::Aof { .. })
-            && !Box::pin(has_command(&redis, "WAITAOF", self.command_timeout)).await?
-        {
-            return Err(LockError::InvalidArgument(
-                "ReplicaSync::Aof needs WAITAOF (Redis 7.2 or later); this server lacks it: use \
-                 ReplicaSync::Replicas"
-                    .into(),
-            ));
-        }
+        Box::pin(probe_replica_sync(
+            &redis,
+            self.replica_sync,
+            self.command_timeout,
+        ))
+        .await?;
         // Sharded pub/sub on a cluster that has it (Redis 7+), unless turned off.
         let sharded = redis.is_clustered()
             && self.sharded_pubsub

@@ -43,15 +43,7 @@ fn client_uuid(client: &LockClient) -> String {
 /// `CLIENT LIST` (optionally `TYPE kind`) as lines, without the testkit's own connection (the
 /// short-lived one that runs the `CLIENT LIST`).
 fn client_list(redis: &RedisServer, kind: Option<&str>) -> Vec<String> {
-    let mut args = vec!["CLIENT", "LIST"];
-    if let Some(kind) = kind {
-        args.extend(["TYPE", kind]);
-    }
-    let text = cmd(redis, &args).as_str().expect("CLIENT LIST reply");
-    text.lines()
-        .filter(|line| !line.is_empty() && !line.contains("cmd=client|list"))
-        .map(str::to_string)
-        .collect()
+    redis.client_list(kind).expect("CLIENT LIST")
 }
 
 /// Connections of ACL user `user`.

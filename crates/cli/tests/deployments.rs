@@ -97,8 +97,13 @@ fn subscribers(cluster: &RedisCluster, channel: &str) -> i64 {
         .into_iter()
         .map(|i| {
             // Plain and shard subscribers: on Redis Cluster 7+ the library's waiters
-            // subscribe to their lock's shard (SSUBSCRIBE).
-            ["NUMSUB", "SHARDNUMSUB"]
+            // subscribe to their lock's shard (SSUBSCRIBE). Redis 6.2 has no sharded pub/sub
+            // (and no PUBSUB SHARDNUMSUB): its waiters SUBSCRIBE.
+            let sharded = cluster
+                .node(i)
+                .has_command("SPUBLISH")
+                .expect("COMMAND INFO");
+            ["NUMSUB", "SHARDNUMSUB"][..if sharded { 2 } else { 1 }]
                 .iter()
                 .map(|sub| {
                     let reply = cluster

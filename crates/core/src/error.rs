@@ -195,6 +195,10 @@ pub(crate) enum Class {
 /// sets `max_redirections: 0`). fred has synced its slot map first on `MOVED`.
 const REDIRECTED: &str = "Too many redirections.";
 
+/// How servers other than Redis 7 word an ACL refusal of a command inside a script: Redis 6.2
+/// (with no error code) and Valkey.
+const SCRIPT_ACL_REFUSALS: [&str; 2] = ["user executing the script can't", "ACL failure in script"];
+
 /// Server error codes after which a retry later may succeed: the server is loading, running a
 /// long script, failing over, or its cluster is reconfiguring.
 const UNAVAILABLE_CODES: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "READONLY", "CLUSTERDOWN"];
@@ -212,6 +216,18 @@ pub(crate) fn classify(error: &FredError) -> Class {
         _ => {}
     }
     let details = error.details();
+    // A command a script ran was refused by the ACL. Redis 7 words it "ERR ... NOPERM ..."
+    // (below); Valkey "ERR ACL failure in script: User u has no permissions to run the 'zadd'
+    // command"; Redis 6.2 "The user executing the script can't run this command or subcommand"
+    // (or "can't access at least one of the keys", "can't publish to the channel"), as
+    // "ERR Error running script ..." or, for a command, with no code at all: "@user_script:
+    // 165: The user executing the script can't run this command or subcommand".
+    if SCRIPT_ACL_REFUSALS
+        .iter()
+        .any(|words| details.contains(words))
+    {
+        return Class::PermissionDenied;
+    }
     let mut words = details.split_whitespace();
     let code = words.next().unwrap_or("");
     // A server error reply starts with an upper-case code; fred's own failures (a command it
@@ -236,11 +252,8 @@ pub(crate) fn classify(error: &FredError) -> Class {
         "TRYAGAIN" => Class::NotRun,
         code if UNAVAILABLE_CODES.contains(&code) => Class::Connection,
         // Inside a script Redis 7 reports a refused command as "ERR ... script: ..." with the
-        // ACL's own words; older servers say "The user executing the script can't run this
-        // command or subcommand". Both are ACL refusals, and both start with ERR.
-        "ERR" if details.contains("NOPERM") || details.contains("user executing the script") => {
-            Class::PermissionDenied
-        }
+        // ACL's own words.
+        "ERR" if details.contains("NOPERM") => Class::PermissionDenied,
         // A script stopped half-way because its slot started migrating under it (a key it
         // deleted, or one that moved, is no longer local): what ran stays. The outcome is
         // unknown, as after a lost reply: the caller settles it and may try again.
@@ -368,6 +381,28 @@ mod tests {
         assert!(matches!(
             from_fred(
                 reply("NOPERM this user has no permissions to run the 'publish' command"),
+                &keys
+            ),
+            LockError::PermissionDenied(_)
+        ));
+        // The same refusal in the words of Valkey 9 and of Redis 6.2 (no error code there).
+        assert!(matches!(
+            from_fred(
+                reply("ERR ACL failure in script: User nozadd has no permissions to run the 'zadd' command"),
+                &keys
+            ),
+            LockError::PermissionDenied(_)
+        ));
+        assert!(matches!(
+            from_fred(
+                reply("@user_script: 165: The user executing the script can't run this command or subcommand"),
+                &keys
+            ),
+            LockError::PermissionDenied(_)
+        ));
+        assert!(matches!(
+            from_fred(
+                reply("ERR Error running script (call to f_6a93): @user_script:72: @user_script: 72: The user executing the script can't publish to the channel mentioned in the command"),
                 &keys
             ),
             LockError::PermissionDenied(_)

@@ -129,7 +129,7 @@ pub fn parse_cluster_nodes(text: &str) -> Result<Vec<ClusterNodeInfo>> {
 /// its cluster bus port, port + 10000, free too).
 ///
 /// * [`start`](Self::start): 3 primaries with one replica each; slots split evenly over the
-///   primaries with `CLUSTER ADDSLOTSRANGE`, nodes introduced with `CLUSTER MEET`, replicas
+///   primaries with `CLUSTER ADDSLOTS`, nodes introduced with `CLUSTER MEET`, replicas
 ///   attached with `CLUSTER REPLICATE`. Returns once every node says `cluster_state:ok`, knows
 ///   every other node, agrees on who serves every slot, and every replica's link to its
 ///   primary is up.
@@ -190,12 +190,7 @@ impl RedisCluster {
             } else {
                 first + per - 1
             };
-            self.nodes[p].command(&[
-                "CLUSTER",
-                "ADDSLOTSRANGE",
-                &first.to_string(),
-                &last.to_string(),
-            ])?;
+            self.nodes[p].add_slots(first as u16, last as u16)?;
         }
         // Every node meets the first; gossip introduces the rest.
         let first_port = self.nodes[0].port().to_string();

@@ -4,7 +4,8 @@
 //! * [`RedisServer`]: spawns `redis-server` on a free `127.0.0.1` port with a temporary
 //!   `--dir` and no persistence; SIGKILLed and reaped on drop. Fault controls: `kill`,
 //!   `pause`/`resume` (SIGSTOP/SIGCONT), `restart` (same port, data lost), plus `flushall`,
-//!   `info`, `command_calls` and a raw [`command`](RedisServer::command).
+//!   `info`, `command_calls`, `has_command`, `client_list` and a raw
+//!   [`command`](RedisServer::command).
 //! * [`redis_for_tests`]: the Redis a plain (fault-free) test should use: `$REDIS_URL` if set,
 //!   otherwise a spawned [`RedisServer`]. **Tests that inject faults always spawn their own
 //!   server** with [`RedisServer::start`], since an external server cannot be killed or
@@ -21,8 +22,10 @@
 //!   connects to.
 //! * [`resp`]: the minimal blocking RESP2 client the kit uses (no `fred` dependency).
 //!
-//! `redis-server` comes from `PATH` or from `$LEASEHOLD_REDIS_SERVER`; if missing, starting
-//! fails with [`TestkitError::RedisNotFound`].
+//! `redis-server` comes from `PATH` or from `$LEASEHOLD_REDIS_SERVER`, for every process the
+//! kit starts (servers, cluster nodes, Sentinels); if missing, starting fails with
+//! [`TestkitError::RedisNotFound`]. Redis 6.2 and 7.x and Valkey 9 (`valkey-server`) all
+//! work: clusters are formed with commands 6.2 has (`CLUSTER ADDSLOTS`, not `ADDSLOTSRANGE`).
 //!
 //! No orphans: besides kill-on-drop, children spawned on Linux carry
 //! `PR_SET_PDEATHSIG = SIGKILL`, so they die even if the test process is SIGKILLed. The death

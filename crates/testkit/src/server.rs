@@ -30,6 +30,8 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 const LOG_FILE: &str = "redis.log";
 const STDIO_FILE: &str = "redis.stdio.log";
 const LOG_TAIL_BYTES: u64 = 4096;
+/// The name [`RedisServer::client_list`] gives its own connection, to leave it out.
+const OWN_CONNECTION_NAME: &str = "leasehold-testkit-client-list";
 
 /// Configures and starts a [`RedisServer`]. Obtained from [`RedisServer::builder`].
 #[derive(Debug, Clone)]
@@ -231,7 +233,7 @@ impl RedisServer {
 
     /// Assigns every slot to this (cluster-enabled) node and waits for `cluster_state:ok`.
     fn own_every_slot(&self, within: Duration) -> Result<()> {
-        self.command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
+        self.add_slots(0, crate::CLUSTER_SLOTS - 1)?;
         let deadline = Instant::now() + within;
         loop {
             let info = self.command(&["CLUSTER", "INFO"])?;
@@ -250,6 +252,14 @@ impl RedisServer {
             }
             thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Assigns slots `first..=last` to this (cluster-enabled) node with `CLUSTER ADDSLOTS`,
+    /// every slot named: `CLUSTER ADDSLOTSRANGE` came with Redis 7.0, and 6.2 refuses it.
+    pub(crate) fn add_slots(&self, first: u16, last: u16) -> Result<()> {
+        let mut args = vec!["CLUSTER".to_string(), "ADDSLOTS".to_string()];
+        args.extend((first..=last).map(|slot| slot.to_string()));
+        self.command(&args).map(drop)
     }
 
     /// A builder for extra `redis-server` arguments and options.
@@ -393,6 +403,38 @@ impl RedisServer {
     /// Counters are reset by `CONFIG RESETSTAT` and by a restart.
     pub fn command_calls(&self, name: &str) -> Result<u64> {
         Ok(parse_command_calls(&self.info("commandstats")?, name))
+    }
+
+    /// Whether the server knows command `name` (`COMMAND INFO`): e.g. `SPUBLISH` (Redis 7.0+,
+    /// Valkey) or `WAITAOF` (Redis 7.2+, Valkey). A command renamed away is unknown too.
+    pub fn has_command(&self, name: &str) -> Result<bool> {
+        let reply = self.command(&["COMMAND", "INFO", name])?;
+        Ok(reply
+            .as_array()
+            .and_then(|entries| entries.first())
+            .is_some_and(|entry| !entry.is_nil()))
+    }
+
+    /// The `CLIENT LIST` lines (of connections of `kind`, e.g. `"pubsub"`, when given) of every
+    /// connection but the one asking. That one is named first and left out by its name: its
+    /// `cmd=` field says `client|list` on Redis 7 and Valkey but only `client` on 6.2, where
+    /// a client that last sent `CLIENT ID` looks the same.
+    pub fn client_list(&self, kind: Option<&str>) -> Result<Vec<String>> {
+        let mut args = vec!["CLIENT", "LIST"];
+        if let Some(kind) = kind {
+            args.extend(["TYPE", kind]);
+        }
+        let setup = [vec!["CLIENT", "SETNAME", OWN_CONNECTION_NAME]];
+        let reply = resp::command_with_setup(self.addr(), &setup, &args, COMMAND_TIMEOUT)?;
+        let text = reply
+            .as_str()
+            .ok_or_else(|| TestkitError::Protocol(format!("CLIENT LIST replied {reply:?}")))?;
+        let own = format!(" name={OWN_CONNECTION_NAME} ");
+        Ok(text
+            .lines()
+            .filter(|line| !line.trim().is_empty() && !line.contains(&own))
+            .map(str::to_string)
+            .collect())
     }
 
     /// The last `max_bytes` of the server log (useful in assertion messages).
