@@ -135,11 +135,7 @@ impl Latch {
     /// Cancel safe: a dropped wait only leaves the client's local line (and its channel
     /// subscription lingers, then goes); it changes nothing in Redis.
     pub async fn wait(&self) -> Result<()> {
-        let mut attempt = LatchAttempt {
-            latch: self,
-            round: None,
-        };
-        Box::pin(wait::acquire(&self.client, &self.keys, &mut attempt, None)).await?;
+        Box::pin(self.wait_until(None)).await?;
         Ok(())
     }
 
@@ -149,17 +145,37 @@ impl Latch {
     /// As [`Latch::wait`].
     pub async fn wait_for(&self, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout.min(leasehold_core::MAX_LEASE);
+        Box::pin(self.wait_until(Some(deadline))).await
+    }
+
+    /// Waits until the latch opens or `deadline`; returns whether it opened.
+    ///
+    /// The wait's first look is its own, before it lines up behind the client's other waiters
+    /// of this latch: it marks the round the wait began in. A look made only once the waiters
+    /// before it went could find the next round counting and take that one for its own.
+    async fn wait_until(&self, deadline: Option<Instant>) -> Result<bool> {
+        let client = &self.client;
+        let first = match client
+            .call(
+                client.budget(deadline),
+                commands::latch_state(&client.redis, &self.keys),
+            )
+            .await
+        {
+            Ok(state) if state.count == 0 => return Ok(true),
+            Ok(state) => Some(state),
+            // The engine retries it; the round is then the one its first answered look finds.
+            Err(error) if error.is_transient() => None,
+            Err(error) => return Err(error),
+        };
         let mut attempt = LatchAttempt {
             latch: self,
-            round: None,
+            round: first
+                .as_ref()
+                .map(|state| state.round.clone().unwrap_or_default()),
+            first,
         };
-        let opened = Box::pin(wait::acquire(
-            &self.client,
-            &self.keys,
-            &mut attempt,
-            Some(deadline),
-        ))
-        .await?;
+        let opened = wait::acquire(client, &self.keys, &mut attempt, deadline).await?;
         Ok(opened.is_some())
     }
 }
@@ -171,23 +187,28 @@ struct LatchAttempt<'a> {
     /// The round the wait began in (set by its first look at a closed latch): once the latch
     /// holds another round, or none, that round opened.
     round: Option<String>,
+    /// The wait's own first look ([`Latch::wait_until`]), standing for the engine's first try
+    /// when that try is not a subscribed waiter's: one that finds it closed subscribes and
+    /// looks again at once, so a stale "closed" costs nothing.
+    first: Option<commands::LatchState>,
 }
 
 impl Attempt for LatchAttempt<'_> {
     type Grant = ();
 
-    async fn attempt(
-        &mut self,
-        _waiter: Option<Waiter<'_>>,
-        budget: Duration,
-    ) -> Result<Tried<()>> {
+    async fn attempt(&mut self, waiter: Option<Waiter<'_>>, budget: Duration) -> Result<Tried<()>> {
         let client = &self.latch.client;
-        let state = client
-            .call(
-                budget,
-                commands::latch_state(&client.redis, &self.latch.keys),
-            )
-            .await?;
+        let state = match (self.first.take(), waiter) {
+            (Some(first), None) => first,
+            _ => {
+                client
+                    .call(
+                        budget,
+                        commands::latch_state(&client.redis, &self.latch.keys),
+                    )
+                    .await?
+            }
+        };
         let began_in = self
             .round
             .get_or_insert_with(|| state.round.clone().unwrap_or_default());

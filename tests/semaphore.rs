@@ -604,6 +604,47 @@ async fn a_latch_waiter_opens_when_the_next_round_starts_at_once() {
     );
 }
 
+/// A latch waiter queued behind another waiter of its client goes when the round it began in
+/// opens, though the next round is counting by the time its own first look reaches Redis (it
+/// heads its client's line only after the waiter before it went).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_waiter_behind_another_remembers_the_round_it_began_in() {
+    let redis = server();
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let waiting = client(&proxy.url()).await;
+    let counting = client(&redis.url()).await;
+    let latch = counting.latch("latch:queued").unwrap();
+    assert!(latch.try_set_count(1).await.unwrap());
+    let wait = |timeout| {
+        let latch = waiting.latch("latch:queued").unwrap();
+        tokio::spawn(async move { latch.wait_for(timeout).await })
+    };
+    let first = wait(Duration::from_secs(30));
+    assert!(
+        eventually(Duration::from_secs(10), || waiting.subscribed_channels()
+            == 1)
+        .await,
+        "the first waiter subscribed"
+    );
+    let second = wait(Duration::from_secs(4));
+    assert!(
+        eventually(Duration::from_secs(10), || waiting.waiters() == 2).await,
+        "the second waiter is in line"
+    );
+    // The waiters' messages and looks come late, so the next round is set before they look.
+    proxy.set_latency(Duration::from_millis(50));
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    assert!(
+        latch.try_set_count(1).await.unwrap(),
+        "the next round starts"
+    );
+    assert!(first.await.unwrap().unwrap(), "the first waiter went");
+    assert!(
+        second.await.unwrap().unwrap(),
+        "the waiter behind it went too: its round opened while it waited"
+    );
+}
+
 /// Latch counts are 1 to `u32::MAX`, exact; a latch call on another kind's name is refused.
 #[tokio::test]
 async fn latch_counts_are_exact_and_other_kinds_names_refused() {
