@@ -297,6 +297,8 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
             .map_err(LockError::from_redis)?;
         *in_redis = true;
     } else if !*in_redis {
+        // Taken before the SUBSCRIBE: a reconnect between it and the PING is seen.
+        let mut reconnects = inner.subscriber.reconnect_rx();
         inner
             .subscriber
             .subscribe(channel.name.as_str())
@@ -306,7 +308,7 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
         // fred answers SUBSCRIBE as soon as it is written, before Redis ran it. A PING on the
         // same connection is answered only after it: from then on a release reaches us, which
         // is what the waiter's next try counts on. A refused SUBSCRIBE (ACL) must fail here.
-        if let Err(error) = confirm_subscribed(&inner.subscriber).await {
+        if let Err(error) = confirm_subscribed(&inner.subscriber, &mut reconnects).await {
             *in_redis = false;
             return Err(error);
         }
@@ -327,12 +329,20 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
 /// rule grants a prefix's channels together. Over RESP3 the shapes are the same, so only a
 /// refusal fred passes on is seen.)
 ///
+/// A reconnect between the SUBSCRIBE and the PING (a Sentinel failover, a dropped
+/// connection) sends the PING on the new connection, not subscribed yet (the resubscribe waits
+/// for this subscribe to end): a bare reply there is a transient connection error, and the
+/// waiter subscribes again.
+///
 /// On a cluster the shape tells nothing: fred's clustered subscriber may send the PING to
 /// another node than the SUBSCRIBE, whose connection has no subscription and answers the bare
 /// message. There the PING still passes on an error fred hands it, but a bare reply is not
 /// read as a refusal. (A refusal fred drops then goes unnoticed, as over RESP3: the waiter
 /// still wakes on its timer, the holder's remaining lease.)
-async fn confirm_subscribed(subscriber: &SubscriberClient) -> Result<(), LockError> {
+async fn confirm_subscribed(
+    subscriber: &SubscriberClient,
+    reconnects: &mut tokio::sync::broadcast::Receiver<fred::types::config::Server>,
+) -> Result<(), LockError> {
     let clustered = subscriber.is_clustered();
     match subscriber
         .ping::<fred::types::Value>(Some("leasehold".into()))
@@ -342,6 +352,16 @@ async fn confirm_subscribed(subscriber: &SubscriberClient) -> Result<(), LockErr
         // (RESP3 answers PING alike with or without a subscription: nothing to tell there.)
         Ok(_) if subscriber.protocol_version() == fred::types::RespVersion::RESP3 => Ok(()),
         Ok(_) if clustered => Ok(()),
+        Ok(_)
+            if !matches!(
+                reconnects.try_recv(),
+                Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+            ) =>
+        {
+            Err(LockError::Connection(RedisError::connection(
+                "the subscriber reconnected while subscribing",
+            )))
+        }
         Ok(_) => Err(LockError::PermissionDenied(RedisError::connection(
             "NOPERM SUBSCRIBE was refused (the connection is not subscribed to the channel): \
              check the user's channel rule (&prefix:*)",
