@@ -1464,11 +1464,21 @@ async fn defect19_force_unlock_of_a_reserved_rw_lock_lets_all_readers_in() {
             == 2)
         .await
     );
-    // The state a writer's turn leaves: the hash holds only the reservation (the writer's
-    // entry has lapsed).
-    cmd(&redis, &["DEL", keys.hash(), &keys.leases()]);
-    cmd(&redis, &["HSET", keys.hash(), "~turn:gone:t1", "0"]);
-    cmd(&redis, &["PEXPIRE", keys.hash(), "60000"]);
+    // The state a writer's turn leaves: the hash holds only the reservation and the kind (the
+    // writer's entry has lapsed). Written in one step: a reader's try between a DEL and the
+    // rewrite would find the lock free, or (before the kind is back) another kind's.
+    cmd(
+        &redis,
+        &[
+            "EVAL",
+            "redis.call('DEL', KEYS[1], KEYS[2]) \
+             redis.call('HSET', KEYS[1], '~turn:gone:t1', '0', '~kind', 'rw') \
+             redis.call('PEXPIRE', KEYS[1], 60000)",
+            "2",
+            keys.hash(),
+            &keys.leases(),
+        ],
+    );
     assert!(rw.write().force_unlock().await.unwrap());
     for reader in readers {
         assert!(
