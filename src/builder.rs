@@ -11,7 +11,7 @@ use fred::types::config::{Config, ConnectionConfig, PerformanceConfig, Reconnect
 use fred::types::Builder;
 use leasehold_core::protocol::{Protocol, DEFAULT_TURN_GRACE};
 use leasehold_core::scripts::Scripts;
-use leasehold_core::{ClientId, DropGuard, Lease, LockError, Prefix, ReplicaSync, Result};
+use leasehold_core::{ClientId, DropGuard, Lease, LockError, Prefix, Redis, ReplicaSync, Result};
 use leasehold_pubsub::{NotifierSettings, ReleaseNotifier};
 use leasehold_watchdog::{ScriptRenewer, Watchdog, WatchdogConfig};
 
@@ -32,7 +32,7 @@ pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(2);
 ///
 /// On a cluster every primary needs them: SCRIPT LOAD reaches one node, so the scripts are
 /// loaded on each primary (`script_load_cluster`).
-async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
+async fn preload_scripts(redis: &Redis, scripts: &Scripts) -> Result<()> {
     use fred::interfaces::{ClientLike, LuaInterface};
     let clustered = redis.is_clustered();
     // Boxed: 17 of fred's command futures side by side are large enough to overflow a 2 MB
@@ -53,7 +53,7 @@ async fn preload_scripts(redis: &Client, scripts: &Scripts) -> Result<()> {
 }
 
 /// Whether the server knows `command` (`COMMAND INFO`): `SPUBLISH` came with Redis 7.0.
-async fn has_command(redis: &Client, command: &'static str, timeout: Duration) -> Result<bool> {
+async fn has_command(redis: &Redis, command: &'static str, timeout: Duration) -> Result<bool> {
     use fred::types::{ClusterHash, CustomCommand, Value};
     let info = redis.custom::<Value, _>(
         CustomCommand::new_static("COMMAND", ClusterHash::Random, false),
@@ -72,7 +72,7 @@ async fn has_command(redis: &Client, command: &'static str, timeout: Duration) -
 /// (`rename-command WAIT ""`), a managed service that does not offer it (serverless ones answer
 /// "unknown command"), or an ACL user without the permission. The probe asks for no copy, so
 /// the server answers at once: `WAIT 0 1`, `WAITAOF 0 0 1`.
-async fn probe_replica_sync(redis: &Client, policy: ReplicaSync, timeout: Duration) -> Result<()> {
+async fn probe_replica_sync(redis: &Redis, policy: ReplicaSync, timeout: Duration) -> Result<()> {
     use fred::types::{ClusterHash, CustomCommand, Value};
     let (command, args, policy_name, otherwise): (_, Vec<Value>, _, _) = match policy {
         ReplicaSync::Replicas { .. } => (
@@ -149,6 +149,45 @@ impl LockClient {
         LockClientBuilder::new(Ok(config))
     }
 
+    /// A builder over an application's own fred [`Client`]: lock commands share its
+    /// connections, so a service opens no second set it would have to configure apart. The
+    /// client must be initialized (`init()`) by the application, which also closes it:
+    /// dropping the lock client leaves it open.
+    ///
+    /// Every command leasehold sends through it carries the options a lock command needs
+    /// ([`leasehold_core::connection::lock_command_options`]): one write attempt (a state
+    /// change is never resent after a reconnect), no redirection followed by fred (leasehold
+    /// resends a redirected command itself, knowing nothing ran) and the builder's command
+    /// timeout. They are set per command, so the application's own commands keep its
+    /// settings. What leasehold takes from the client as it is: the server and its
+    /// credentials, TLS, the protocol version (RESP2 or RESP3) and the reconnect policy, which
+    /// must exist (a client that never reconnects would lose every hold at the first dropped
+    /// connection: [`build`](LockClientBuilder::build) refuses it). Release messages need a
+    /// connection of their own (a subscriber): it is opened from the client's configuration.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use fred::prelude::*;
+    /// let app = fred::clients::Client::new(Config::from_url(&url)?, None, None, Some(ReconnectPolicy::default()));
+    /// app.init().await?;
+    /// let locks = leasehold::LockClient::builder_from_client(&app).build().await?;
+    /// let report = locks.lock("report:nightly")?;
+    /// let guard = report.lock().await?;
+    /// let _: () = app.set("report:nightly:started", 1, None, None, false).await?;
+    /// guard.unlock().await?;
+    /// drop(locks);
+    /// app.quit().await?; // the application's client is the application's to close
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) });
+    /// ```
+    pub fn builder_from_client(client: &Client) -> LockClientBuilder {
+        let mut builder = LockClientBuilder::new(Ok(client.client_config()));
+        if let Some(policy) = client.client_reconnect_policy() {
+            builder.reconnect = policy;
+        }
+        builder.shared = Some(client.clone());
+        builder
+    }
+
     /// Connects with the defaults: prefix `leasehold`, lease 30 s, command timeout 5 s.
     ///
     /// # Errors
@@ -166,6 +205,8 @@ impl LockClient {
 #[must_use = "a builder does nothing until .build().await"]
 pub struct LockClientBuilder {
     config: Result<Config>,
+    /// The application's client to share ([`LockClient::builder_from_client`]).
+    shared: Option<Client>,
     prefix: String,
     lease: Duration,
     command_timeout: Duration,
@@ -187,6 +228,7 @@ impl fmt::Debug for LockClientBuilder {
         };
         f.debug_struct("LockClientBuilder")
             .field("server", &server)
+            .field("shared_client", &self.shared.is_some())
             .field("prefix", &self.prefix)
             .field("lease", &self.lease)
             .field("command_timeout", &self.command_timeout)
@@ -204,6 +246,7 @@ impl LockClientBuilder {
     pub(crate) fn new(config: Result<Config>) -> LockClientBuilder {
         LockClientBuilder {
             config,
+            shared: None,
             prefix: leasehold_core::DEFAULT_PREFIX.to_string(),
             lease: DEFAULT_LEASE,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
@@ -239,7 +282,10 @@ impl LockClientBuilder {
         self
     }
 
-    /// Reconnect policy (default: exponential 50 ms..2 s, unlimited attempts).
+    /// Reconnect policy (default: exponential 50 ms..2 s, unlimited attempts). Over an
+    /// application's client ([`LockClient::builder_from_client`]) the client keeps its own, and
+    /// this sets the policy of the subscriber leasehold opens beside it (by default the
+    /// client's).
     pub fn reconnect_policy(mut self, policy: ReconnectPolicy) -> Self {
         self.reconnect = policy;
         self
@@ -381,36 +427,78 @@ impl LockClientBuilder {
                 "a server name must not be empty".into(),
             ));
         }
+        if self
+            .shared
+            .as_ref()
+            .is_some_and(|app| app.client_reconnect_policy().is_none())
+        {
+            return Err(LockError::InvalidArgument(
+                "the application's client has no reconnect policy: leasehold needs one (a hold \
+                 would be lost for good at the first dropped connection); build the client with \
+                 one, e.g. ReconnectPolicy::new_exponential(0, 50, 2_000, 2)"
+                    .into(),
+            ));
+        }
+        let options = leasehold_core::connection::lock_command_options(self.command_timeout);
         let mut builder = Builder::from_config(config);
         builder
             .set_policy(self.reconnect.clone())
             .set_connection_config(ConnectionConfig {
                 connection_timeout: self.command_timeout,
                 internal_command_timeout: self.command_timeout,
-                // State changes must never be sent twice: fred resends in-flight commands after
-                // a reconnect unless this is 1. A resent acquire would count a hold twice, a
-                // resent release would release twice. Unknown outcomes are settled above fred
-                // (crate::release::settle).
-                max_command_attempts: 1,
-                // fred counts a MOVED/ASK redirection as a write attempt, so under the line
-                // above it fails the command anyway (and an ASK that way stops its clustered
-                // client for good). With no redirections allowed it reports the redirection
-                // (after resyncing its slot map on MOVED), and the command is sent again by
-                // `leasehold_core::scripts::resend_not_run`, which knows that nothing ran.
-                max_redirections: 0,
-                ..ConnectionConfig::default()
+                // As every command's options say (`lock_command_options`), for the commands
+                // fred sends by itself too, and for the subscriber: a SUBSCRIBE resent behind
+                // an UNSUBSCRIBE would leave a channel subscribed that the notifier let go.
+                max_command_attempts: options.max_attempts.unwrap_or(1),
+                max_redirections: options.max_redirections.unwrap_or(0),
+                ..match &self.shared {
+                    Some(app) => app.connection_config().clone(),
+                    None => ConnectionConfig::default(),
+                }
             })
             .set_performance_config(PerformanceConfig {
                 default_command_timeout: self.command_timeout,
-                ..PerformanceConfig::default()
+                ..match &self.shared {
+                    Some(app) => app.perf_config(),
+                    None => PerformanceConfig::default(),
+                }
             });
-        let redis = builder.build().map_err(LockError::from_redis)?;
-        // From here on, an error or a dropped future closes the connection.
+        let shared = self.shared.is_some();
+        let redis = match self.shared {
+            // Initialized by the application; it may be reconnecting right now.
+            Some(app) => {
+                if !app.is_connected()
+                    && tokio::time::timeout(self.command_timeout, app.wait_for_connect())
+                        .await
+                        .is_err()
+                {
+                    return Err(LockError::Connection(
+                        leasehold_core::RedisError::connection(format!(
+                            "the application's client did not connect within {:?} (call its \
+                             init() before building a lock client over it)",
+                            self.command_timeout
+                        )),
+                    ));
+                }
+                leasehold_core::connection::for_locks(&app, self.command_timeout)
+            }
+            None => {
+                let own = builder.build().map_err(LockError::from_redis)?;
+                leasehold_core::connection::for_locks(&own, self.command_timeout)
+            }
+        };
+        // From here on, an error or a dropped future closes the connection (our own).
         let close_on_failure = DropGuard::new({
             let redis = redis.clone();
-            move || quit_in_background(&redis)
+            move || {
+                if !shared {
+                    quit_in_background(&*redis);
+                }
+            }
         });
-        connect(&redis, self.command_timeout).await?;
+        if !shared {
+            connect(&*redis, self.command_timeout).await?;
+        }
         Box::pin(probe_replica_sync(
             &redis,
             self.replica_sync,
@@ -436,9 +524,8 @@ impl LockClientBuilder {
             self.command_timeout,
         ))
         .await?;
-        // The subscriber has the same connection settings: no resend after a reconnect (a
-        // SUBSCRIBE resent behind an UNSUBSCRIBE would leave a channel subscribed that the
-        // notifier has let go), and a redirected SSUBSCRIBE is sent again by the notifier.
+        // The subscriber has the same connection settings (see above); a redirected
+        // SSUBSCRIBE is sent again by the notifier.
         let subscriber = builder
             .build_subscriber_client()
             .map_err(LockError::from_redis)?;
@@ -470,6 +557,7 @@ impl LockClientBuilder {
         Ok(LockClient {
             inner: Arc::new(ClientInner {
                 redis,
+                shared,
                 id,
                 prefix,
                 command_timeout: self.command_timeout,

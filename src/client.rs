@@ -10,7 +10,7 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use leasehold_core::scripts::Scripts;
 use leasehold_core::telemetry::LockMetrics;
-use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, ReplicaSync, Result};
+use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, Redis, ReplicaSync, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
 use tokio::time::Instant;
@@ -87,7 +87,11 @@ impl fmt::Debug for LockClient {
 
 /// What every lock of one client shares.
 pub(crate) struct ClientInner {
-    pub(crate) redis: Client,
+    /// The command connection (leasehold's own, or the application's: [`Self::shared`]).
+    pub(crate) redis: Redis,
+    /// Whether `redis` is an application's client ([`LockClient::builder_from_client`]): the
+    /// application closes it, not this client.
+    pub(crate) shared: bool,
     pub(crate) id: ClientId,
     pub(crate) prefix: Prefix,
     pub(crate) command_timeout: Duration,
@@ -106,8 +110,11 @@ pub(crate) struct ClientInner {
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
-        // fred does not close a client on drop (the notifier quits its own subscriber).
-        crate::connect::quit_in_background(&self.redis);
+        // fred does not close a client on drop (the notifier quits its own subscriber). An
+        // application's client is its own to close.
+        if !self.shared {
+            crate::connect::quit_in_background(&*self.redis);
+        }
     }
 }
 
@@ -295,7 +302,11 @@ impl LockClient {
         self.inner.holds.lease().duration()
     }
 
-    /// The underlying fred client (for commands leasehold does not wrap).
+    /// The underlying fred client (for commands leasehold does not wrap): leasehold's own, or
+    /// the application's one it was built from
+    /// ([`LockClient::builder_from_client`](crate::LockClient::builder_from_client)). Commands
+    /// sent through it carry the client's own settings, not the options leasehold sets on each
+    /// of its commands ([`leasehold_core::connection::lock_command_options`]).
     pub fn redis(&self) -> &Client {
         &self.inner.redis
     }

@@ -22,10 +22,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::clients::Client;
 use fred::interfaces::{ClientLike, ClusterInterface, EventInterface};
 use fred::types::config::ServerConfig;
 use fred::types::{ClusterHash, CustomCommand, Value};
+use leasehold_core::Redis;
 use leasehold_core::{LockError, LockKeys, Result};
 use parking_lot::RwLock;
 use tokio::task::JoinHandle;
@@ -71,7 +71,7 @@ impl ServerIdentity {
     /// otherwise the server's run id, read now (within `timeout`) and again after every
     /// reconnect. Call it once `redis` is connected.
     pub(crate) async fn new(
-        redis: &Client,
+        redis: &Redis,
         name: Option<String>,
         timeout: Duration,
     ) -> Result<ServerIdentity> {
@@ -95,7 +95,7 @@ impl ServerIdentity {
     }
 
     /// The identity of the server that holds `keys`, now.
-    pub(crate) fn of(&self, redis: &Client, keys: &LockKeys) -> String {
+    pub(crate) fn of(&self, redis: &Redis, keys: &LockKeys) -> String {
         match self {
             ServerIdentity::Named(name) => name.clone(),
             ServerIdentity::Read { current, .. } => current.read().clone(),
@@ -119,7 +119,7 @@ impl ServerIdentity {
 
 /// The server's identity as it reports it: `run_id:ID`, or its configured address when it
 /// refuses `INFO`.
-async fn read(redis: &Client, timeout: Duration) -> Result<String> {
+async fn read(redis: &Redis, timeout: Duration) -> Result<String> {
     let info = redis.custom::<Value, _>(
         CustomCommand::new_static("INFO", ClusterHash::Random, false),
         vec!["server"],
@@ -151,7 +151,7 @@ async fn read(redis: &Client, timeout: Duration) -> Result<String> {
 }
 
 /// The configured address, `address:HOST:PORT` (no credentials).
-fn address(redis: &Client) -> String {
+fn address(redis: &Redis) -> String {
     match &redis.client_config().server {
         ServerConfig::Centralized { server } => format!("address:{}:{}", server.host, server.port),
         other => {
@@ -165,7 +165,7 @@ fn address(redis: &Client) -> String {
 /// client follows to after a failover, has another), until the client goes. A read that fails
 /// is tried again with backoff, until the next reconnect takes over.
 async fn refresh(
-    redis: Client,
+    redis: Redis,
     current: std::sync::Weak<RwLock<String>>,
     mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
     timeout: Duration,

@@ -22,6 +22,7 @@
 #![warn(unreachable_pub)]
 
 pub mod commands;
+pub mod connection;
 mod drop_guard;
 mod error;
 mod fence;
@@ -34,6 +35,7 @@ pub mod scripts;
 pub mod slot;
 pub mod telemetry;
 
+pub use connection::Redis;
 pub use drop_guard::DropGuard;
 pub use error::{LockError, RedisError, Result};
 pub use fence::FencingToken;

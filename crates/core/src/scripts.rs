@@ -15,10 +15,10 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use bytes_utils::Str;
-use fred::interfaces::LuaInterface;
+use fred::interfaces::ClusterInterface;
 use fred::prelude::{Error as FredError, FromValue};
 use fred::types::scripts::Script;
-use fred::types::{MultipleKeys, MultipleValues};
+use fred::types::{ClusterHash, CustomCommand, Key, MultipleKeys, MultipleValues, Value};
 use tokio::time::Instant;
 
 use crate::error::{classify, Class};
@@ -65,29 +65,82 @@ impl LuaScript {
     pub async fn call<R, C, F>(&self, client: &C, build: F) -> Result<R, FredError>
     where
         R: FromValue,
-        C: LuaInterface + Send + Sync,
+        C: ClusterInterface + Send + Sync,
         F: Fn() -> (MultipleKeys, MultipleValues) + Send,
     {
         let send = || {
             let (keys, args) = build();
-            client.evalsha(self.sha1.clone(), keys, args)
+            let keys = keys.inner();
+            client.custom::<R, Value>(evalsha(&keys), evalsha_args(&self.sha1, keys, args))
         };
         match resend_not_run(send).await {
             Err(error) if classify(&error) == Class::NoScript => {
-                // On a cluster SCRIPT LOAD reaches one node: load on every primary (the one
-                // that answered NOSCRIPT may be any of them, or a replica just promoted).
-                if client.is_clustered() {
-                    client
-                        .script_load_cluster::<(), _>(self.lua.as_str())
-                        .await?;
-                } else {
-                    client.script_load::<(), _>(self.lua.as_str()).await?;
-                }
+                load(client, &self.lua).await?;
                 resend_not_run(send).await
             }
             result => result,
         }
     }
+}
+
+/// EVALSHA as a command of its own: fred's `LuaInterface` is not implemented for a client with
+/// per-command options (`WithOptions`), through which every command of the library goes
+/// ([`crate::connection`]). A custom command is routed only by a slot given with it (its
+/// default hashes the first string argument, here the SHA1): the slot of the first key, which
+/// a script's keys share.
+fn evalsha(keys: &[Key]) -> CustomCommand {
+    let hash = keys.first().map_or(ClusterHash::Random, |key| {
+        ClusterHash::Custom(fred::util::redis_keyslot(key.as_bytes()))
+    });
+    CustomCommand::new_static("EVALSHA", hash, false)
+}
+
+/// `sha1 numkeys keys... args...`.
+fn evalsha_args(sha1: &Str, keys: Vec<Key>, args: MultipleValues) -> Vec<Value> {
+    let args = match args {
+        Value::Array(args) => args,
+        Value::Null => Vec::new(),
+        arg => vec![arg],
+    };
+    let mut all = Vec::with_capacity(2 + keys.len() + args.len());
+    all.push(Value::String(sha1.clone()));
+    all.push(Value::Integer(keys.len() as i64));
+    all.extend(keys.into_iter().map(Value::from));
+    all.extend(args);
+    all
+}
+
+/// Loads `lua` with SCRIPT LOAD; on a cluster on every primary (the one that answered NOSCRIPT
+/// may be any of them, or a replica just promoted), one command per primary routed by a slot
+/// it serves.
+pub async fn load<C: ClusterInterface + Send + Sync>(
+    client: &C,
+    lua: &str,
+) -> Result<(), FredError> {
+    let script_load = |hash| {
+        client.custom::<Value, Value>(
+            CustomCommand::new_static("SCRIPT", hash, false),
+            vec!["LOAD".into(), lua.into()],
+        )
+    };
+    let Some(state) = client
+        .cached_cluster_state()
+        .filter(|_| client.is_clustered())
+    else {
+        script_load(ClusterHash::Random).await?;
+        return Ok(());
+    };
+    let mut primaries = std::collections::BTreeMap::new();
+    for range in state.slots() {
+        primaries
+            .entry(range.primary.clone())
+            .or_insert(range.start);
+    }
+    // One after the other: a reload is rare (a restart, a failover, SCRIPT FLUSH).
+    for slot in primaries.into_values() {
+        script_load(ClusterHash::Custom(slot)).await?;
+    }
+    Ok(())
 }
 
 /// Sends a command, and sends it again while a cluster answers that it did not run it: the

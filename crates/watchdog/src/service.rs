@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::clients::Client;
 use leasehold_core::commands::{self, Renewal};
 use leasehold_core::scripts::Scripts;
 use leasehold_core::telemetry::{self, WatchdogMetrics};
@@ -35,7 +34,7 @@ pub trait Renewer: Send + Sync + 'static {
 #[derive(Clone, Debug)]
 pub struct ScriptRenewer {
     /// The command connection.
-    pub client: Client,
+    pub client: leasehold_core::Redis,
     /// The client's scripts.
     pub scripts: Arc<Scripts>,
     /// How long to wait for a batch's reply.
