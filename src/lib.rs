@@ -49,6 +49,7 @@
 //! `leasehold-watchdog` (the hold table and renewal) and `leasehold-pubsub` (the subscriber and
 //! each lock's local line of waiters). A new kind of lock adds its scripts to core and an
 //! attempt and a guard here; the waiting, the hold bookkeeping, renewal and settling are shared.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]

@@ -17,6 +17,7 @@
 //! ```
 //! A new kind of lock is new scripts here, a small attempt adapter and a guard in the facade;
 //! it reuses the hold table, the waiting engine and the settling of unanswered commands.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
