@@ -480,11 +480,11 @@ impl LockClientBuilder {
                         )),
                     ));
                 }
-                leasehold_core::connection::for_locks(&app, self.command_timeout)
+                leasehold_core::connection::shared(&app, self.command_timeout)
             }
             None => {
                 let own = builder.build().map_err(LockError::from_redis)?;
-                leasehold_core::connection::for_locks(&own, self.command_timeout)
+                leasehold_core::connection::own(&own)
             }
         };
         // From here on, an error or a dropped future closes the connection (our own).
@@ -557,7 +557,6 @@ impl LockClientBuilder {
         Ok(LockClient {
             inner: Arc::new(ClientInner {
                 redis,
-                shared,
                 id,
                 prefix,
                 command_timeout: self.command_timeout,

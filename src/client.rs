@@ -87,11 +87,9 @@ impl fmt::Debug for LockClient {
 
 /// What every lock of one client shares.
 pub(crate) struct ClientInner {
-    /// The command connection (leasehold's own, or the application's: [`Self::shared`]).
+    /// The command connection: leasehold's own, or an application's
+    /// ([`LockClient::builder_from_client`], which the application closes).
     pub(crate) redis: Redis,
-    /// Whether `redis` is an application's client ([`LockClient::builder_from_client`]): the
-    /// application closes it, not this client.
-    pub(crate) shared: bool,
     pub(crate) id: ClientId,
     pub(crate) prefix: Prefix,
     pub(crate) command_timeout: Duration,
@@ -112,7 +110,7 @@ impl Drop for ClientInner {
     fn drop(&mut self) {
         // fred does not close a client on drop (the notifier quits its own subscriber). An
         // application's client is its own to close.
-        if !self.shared {
+        if !leasehold_core::connection::is_shared(&self.redis) {
             crate::connect::quit_in_background(&*self.redis);
         }
     }

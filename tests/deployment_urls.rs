@@ -119,6 +119,36 @@ async fn cluster_url_takes_locks_on_every_primary() {
         .await
         .expect("connect with one seed");
     lock_wait_and_hand_over(&c, &a, &names[2]).await;
+
+    // Over an application's own clustered client (fred's defaults: redirections followed, three
+    // attempts): scripts are routed by their keys' slot on every primary, and reloaded on every
+    // primary after a SCRIPT FLUSH.
+    let app = fred::clients::Client::new(
+        fred::types::config::Config::from_url(&url).unwrap(),
+        None,
+        None,
+        Some(fred::types::config::ReconnectPolicy::default()),
+    );
+    within("the application's client", app.init())
+        .await
+        .unwrap();
+    let shared = within(
+        "a lock client over it",
+        LockClient::builder_from_client(&app).build(),
+    )
+    .await
+    .unwrap();
+    for name in &names {
+        lock_wait_and_hand_over(&shared, &a, name).await;
+    }
+    for node in cluster.nodes() {
+        node.command(&["SCRIPT", "FLUSH"]).unwrap();
+    }
+    for name in &names {
+        lock_wait_and_hand_over(&shared, &a, name).await;
+    }
+    drop(shared);
+    app.quit().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

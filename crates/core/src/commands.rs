@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use bytes_utils::Str;
-use fred::interfaces::ClusterInterface;
 use fred::prelude::Value;
 use fred::types::Key;
 
@@ -134,7 +133,7 @@ fn int_at(values: &[Value], i: usize) -> Option<i64> {
 }
 
 /// Runs the acquire script for `owner` with `lease`.
-pub async fn acquire<C: ClusterInterface + Send + Sync>(
+pub async fn acquire<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
@@ -147,7 +146,7 @@ pub async fn acquire<C: ClusterInterface + Send + Sync>(
 
 /// Runs the acquire script of `keys`' kind for `owner` with `lease`; a semaphore's acquisition
 /// (`owner` is its id) takes `permits` (the locks ignore it).
-pub async fn acquire_permits<C: ClusterInterface + Send + Sync>(
+pub async fn acquire_permits<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
@@ -250,7 +249,7 @@ fn script_error(keys: &LockKeys, names: &[String], error: fred::error::Error) ->
 /// ('t' a try, 'w' a waiter's try, 'r' a re-entry), the re-entered token (or 'n' for a
 /// non-reentrant handle: the fair lock reads it), the waiter channel prefix, the entry's
 /// lifetime, and the kind's own: a read/write lock's side, a semaphore's permits.
-async fn kind_acquire<C: ClusterInterface + Send + Sync>(
+async fn kind_acquire<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
@@ -345,7 +344,7 @@ fn check_kind(keys: &LockKeys, held: Option<&str>, wanted: &str) -> Result<()> {
 
 /// Changes a semaphore's number of permits, or deletes it (`scripts/sem/set.lua`); waiters
 /// whose permits are there now are told. Returns whether it changed.
-pub async fn semaphore_set<C: ClusterInterface + Send + Sync>(
+pub async fn semaphore_set<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
@@ -408,7 +407,7 @@ pub async fn semaphore_state<C: fred::interfaces::HashesInterface + Send + Sync>
 
 /// Sets a count-down latch's count if it is not counting down (`scripts/latch/set_count.lua`):
 /// a new round begins.
-pub async fn latch_set_count<C: ClusterInterface + Send + Sync>(
+pub async fn latch_set_count<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
@@ -428,7 +427,7 @@ pub async fn latch_set_count<C: ClusterInterface + Send + Sync>(
 }
 
 /// Counts a latch down by one (`scripts/latch/count_down.lua`); returns the count left.
-pub async fn latch_count_down<C: ClusterInterface + Send + Sync>(
+pub async fn latch_count_down<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
@@ -517,7 +516,7 @@ fn acquire_reply(reply: Value) -> Result<Acquire> {
 /// `token` (`None`: any grant, when settling an acquire whose reply never came). With
 /// `expected`, it settles an unanswered command instead: one hold is released only if the
 /// owner's count is exactly `expected`.
-pub async fn release<C: ClusterInterface + Send + Sync>(
+pub async fn release<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     hold: &HoldId,
@@ -531,7 +530,7 @@ pub async fn release<C: ClusterInterface + Send + Sync>(
 /// As [`release`]; settling an unanswered try of a waiter of a kind with a line of its own,
 /// `place` is where it stood: the grant taken back, it goes back there (a settle must not cost
 /// a live waiter its place).
-pub async fn settle<C: ClusterInterface + Send + Sync>(
+pub async fn settle<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     hold: &HoldId,
@@ -606,7 +605,7 @@ pub async fn settle<C: ClusterInterface + Send + Sync>(
 }
 
 /// The release script of a fair lock, a read/write lock or a semaphore, for [`release`].
-async fn release_of_kind<C: ClusterInterface + Send + Sync>(
+async fn release_of_kind<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     hold: &HoldId,
@@ -701,7 +700,7 @@ pub struct Renewal {
 /// still held (and is now renewed).
 ///
 /// On Redis Cluster every key of one call must share a slot: the caller groups by slot.
-pub async fn renew<C: ClusterInterface + Send + Sync>(
+pub async fn renew<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     holds: &[Renewal],
@@ -772,7 +771,7 @@ pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>
 
 /// A fair-lock (or read/write lock) waiter gives up: its entry goes, and a turn reserved for
 /// it passes on (`scripts/fair/leave.lua`, `scripts/rw/leave.lua`).
-pub async fn fair_leave<C: ClusterInterface + Send + Sync>(
+pub async fn fair_leave<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
@@ -802,7 +801,7 @@ pub async fn fair_leave<C: ClusterInterface + Send + Sync>(
 
 /// Runs the force-unlock script: removes the lock whoever holds it and publishes the release
 /// (a fair lock's first live waiter gets its turn). Returns whether there was a lock.
-pub async fn force_unlock<C: ClusterInterface + Send + Sync>(
+pub async fn force_unlock<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,

@@ -18,7 +18,9 @@ use bytes_utils::Str;
 use fred::interfaces::ClusterInterface;
 use fred::prelude::{Error as FredError, FromValue};
 use fred::types::scripts::Script;
-use fred::types::{ClusterHash, CustomCommand, Key, MultipleKeys, MultipleValues, Value};
+use fred::types::{ClusterHash, CustomCommand, MultipleKeys, MultipleValues, Value};
+
+use crate::connection::ScriptConnection;
 use tokio::time::Instant;
 
 use crate::error::{classify, Class};
@@ -65,13 +67,12 @@ impl LuaScript {
     pub async fn call<R, C, F>(&self, client: &C, build: F) -> Result<R, FredError>
     where
         R: FromValue,
-        C: ClusterInterface + Send + Sync,
+        C: ScriptConnection,
         F: Fn() -> (MultipleKeys, MultipleValues) + Send,
     {
         let send = || {
             let (keys, args) = build();
-            let keys = keys.inner();
-            client.custom::<R, Value>(evalsha(&keys), evalsha_args(&self.sha1, keys, args))
+            client.evalsha_script(&self.sha1, keys, args)
         };
         match resend_not_run(send).await {
             Err(error) if classify(&error) == Class::NoScript => {
@@ -81,33 +82,6 @@ impl LuaScript {
             result => result,
         }
     }
-}
-
-/// EVALSHA as a command of its own: fred's `LuaInterface` is not implemented for a client with
-/// per-command options (`WithOptions`), through which every command of the library goes
-/// ([`crate::connection`]). A custom command is routed only by a slot given with it (its
-/// default hashes the first string argument, here the SHA1): the slot of the first key, which
-/// a script's keys share.
-fn evalsha(keys: &[Key]) -> CustomCommand {
-    let hash = keys.first().map_or(ClusterHash::Random, |key| {
-        ClusterHash::Custom(fred::util::redis_keyslot(key.as_bytes()))
-    });
-    CustomCommand::new_static("EVALSHA", hash, false)
-}
-
-/// `sha1 numkeys keys... args...`.
-fn evalsha_args(sha1: &Str, keys: Vec<Key>, args: MultipleValues) -> Vec<Value> {
-    let args = match args {
-        Value::Array(args) => args,
-        Value::Null => Vec::new(),
-        arg => vec![arg],
-    };
-    let mut all = Vec::with_capacity(2 + keys.len() + args.len());
-    all.push(Value::String(sha1.clone()));
-    all.push(Value::Integer(keys.len() as i64));
-    all.extend(keys.into_iter().map(Value::from));
-    all.extend(args);
-    all
 }
 
 /// Loads `lua` with SCRIPT LOAD; on a cluster on every primary (the one that answered NOSCRIPT
