@@ -47,6 +47,7 @@ fn config(lease_secs: u64) -> WatchdogConfig {
         lease: Lease::new(Duration::from_secs(lease_secs)).unwrap(),
         batch_size: 1000,
         group_by_slot: false,
+        max_hold: None,
     }
 }
 
