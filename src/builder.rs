@@ -217,6 +217,7 @@ pub struct LockClientBuilder {
     replica_sync: ReplicaSync,
     sharded_pubsub: bool,
     server_name: Option<String>,
+    max_hold: Option<Duration>,
 }
 
 /// Shows the server, never the credentials in the fred `Config`.
@@ -238,6 +239,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("replica_sync", &self.replica_sync)
             .field("sharded_pubsub", &self.sharded_pubsub)
             .field("server_name", &self.server_name)
+            .field("max_hold", &self.max_hold)
             .finish_non_exhaustive()
     }
 }
@@ -258,6 +260,7 @@ impl LockClientBuilder {
             replica_sync: ReplicaSync::None,
             sharded_pubsub: true,
             server_name: None,
+            max_hold: None,
         }
     }
 
@@ -384,10 +387,46 @@ impl LockClientBuilder {
         self
     }
 
+    /// The longest the watchdog keeps a hold alive (default: no limit). A hold renewed by the
+    /// watchdog (taken without an explicit lease) is renewed only while less than `max_hold`
+    /// has passed since its grant; after that renewals stop, the hold lapses in Redis when its
+    /// last lease ends, and the guard's [`lost`](crate::LockGuard::lost) signal fires with
+    /// [`lost_reason`](crate::LockGuard::lost_reason) `Some(LostReason::MaxHold)`
+    /// ([`LostReason`](crate::LostReason)). So a watched hold lasts at least `max_hold` (while
+    /// its renewals succeed) and less than `max_hold` + the [lease](Self::lease): a stuck job
+    /// cannot keep a lock for ever.
+    ///
+    /// Counted per grant from the send time of the acquire that granted it; re-entries of a
+    /// grant share its clock. It applies to every kind's watched holds and permits of this
+    /// client; holds with an explicit lease are never renewed anyway (and
+    /// [`LockGuard::extend`](crate::LockGuard::extend) is not capped). Per lock: build a
+    /// second client with another setting.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// use leasehold::{LockClient, LostReason};
+    /// let client = LockClient::builder(&url)
+    ///     .lease(Duration::from_millis(300))
+    ///     .max_hold(Duration::from_millis(500))
+    ///     .build()
+    ///     .await?;
+    /// let lock = client.lock("nightly")?;
+    /// let guard = lock.lock().await?;
+    /// guard.lost().await; // within 500 ms + 300 ms of the grant
+    /// assert_eq!(guard.lost_reason(), Some(LostReason::MaxHold));
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
     /// Connects and starts the watchdog.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] for a bad URL, prefix, lease, grace or timeout;
+    /// [`LockError::InvalidArgument`] for a bad URL, prefix, lease, grace, timeout or
+    /// `max_hold` (1 ms to [`MAX_LEASE`](crate::MAX_LEASE));
     /// [`LockError::Connection`] when Redis cannot be reached;
     /// [`LockError::PermissionDenied`] for refused credentials or a user that may not load the
     /// scripts. With [replica sync](Self::replica_sync), a deployment that refuses its command
@@ -422,6 +461,14 @@ impl LockClientBuilder {
             )));
         }
         self.replica_sync.validate(self.command_timeout)?;
+        if let Some(max_hold) = self.max_hold {
+            Lease::new(max_hold).map_err(|_| {
+                LockError::InvalidArgument(format!(
+                    "max_hold {max_hold:?} must be 1 ms to {:?}",
+                    leasehold_core::MAX_LEASE
+                ))
+            })?;
+        }
         if self.server_name.as_deref().is_some_and(str::is_empty) {
             return Err(LockError::InvalidArgument(
                 "a server name must not be empty".into(),
@@ -551,6 +598,7 @@ impl LockClientBuilder {
                 lease,
                 batch_size: self.renew_batch,
                 group_by_slot: redis.is_clustered(),
+                max_hold: self.max_hold,
             },
         );
         close_on_failure.disarm();

@@ -6,12 +6,12 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::commands::ReleaseKind;
+use leasehold_core::commands::{self, ReleaseKind, Renewal};
 use leasehold_core::{FencingToken, HoldId, Lease, LockError, Owner, Result, Synced};
-use leasehold_watchdog::HoldGuard;
+use leasehold_watchdog::{HoldGuard, LostReason};
 use tokio::time::Instant;
 
-use crate::client::ClientInner;
+use crate::client::{within, ClientInner};
 use crate::release::Release;
 
 /// One hold of a distributed lock.
@@ -165,11 +165,136 @@ impl<'a> LockGuard<'a> {
         }
     }
 
+    /// Why the lease was lost, once it is; `None` while [`is_held`](LockGuard::is_held).
+    ///
+    /// - [`LostReason::Gone`]: Redis no longer had the grant (a renewal, an
+    ///   [`extend`](LockGuard::extend) or a later acquire found it expired, force-unlocked,
+    ///   taken over, or lost with Redis's data);
+    /// - [`LostReason::Expired`]: the local deadline passed (an explicit lease that was not
+    ///   extended, or no renewal confirmed in time);
+    /// - [`LostReason::MaxHold`]: the watchdog stopped renewing at the client's
+    ///   [`max_hold`](crate::LockClientBuilder::max_hold), and the last lease ran out.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// use leasehold::LostReason;
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("short")?;
+    /// let guard = lock.lock_with_lease(Duration::from_millis(50)).await?;
+    /// assert_eq!(guard.lost_reason(), None);
+    /// guard.lost().await;
+    /// assert_eq!(guard.lost_reason(), Some(LostReason::Expired));
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.share.as_ref().and_then(HoldGuard::lost_reason)
+    }
+
+    /// Extends an explicit lease by hand: the hold then lasts at least `lease` from now, on
+    /// the Redis server's clock, and [`valid_until`](LockGuard::valid_until) moves to the
+    /// send time of this call + `lease` - drift. For a job that took an explicit lease and
+    /// needs longer than it thought (redsync's and node-redlock's `extend`).
+    ///
+    /// - **Never shortens.** A hold already good for longer in Redis (a re-entry of the same
+    ///   grant with a longer lease, or an earlier, longer extension) keeps its expiry, and this
+    ///   guard its deadline: the owner's other guards count on their own leases. To end a hold
+    ///   early, release it, or [`unlock_after`](LockGuard::unlock_after).
+    /// - **Fenced.** It extends only this grant, checked in Redis by owner and fencing token in
+    ///   one script (the watchdog's renewal): a grant that was lost cannot be extended, even
+    ///   when the same owner was granted the lock again since (that is another grant, with
+    ///   another token).
+    /// - **Explicit leases only.** A guard renewed by the watchdog (taken without a lease) is
+    ///   refused with [`LockError::InvalidArgument`]: its lease is the watchdog's to keep, and
+    ///   a hand-set one beside it would either be overtaken by the next renewal or have to
+    ///   stop renewals that the owner's other guards of the grant rely on. To cap such a hold,
+    ///   use [`max_hold`](crate::LockClientBuilder::max_hold) or
+    ///   [`unlock_after`](LockGuard::unlock_after).
+    ///
+    /// Every kind's guard extends alike: the reentrant and the non-reentrant lock, the fair
+    /// lock, and a read/write lock's read and write holds (each hold its own lease). Under a
+    /// [replica sync](crate::LockClientBuilder::replica_sync) policy it returns once the
+    /// replicas have it.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("import")?;
+    /// let guard = lock.lock_with_lease(Duration::from_secs(10)).await?;
+    /// // ... the import turns out to need more time ...
+    /// guard.extend(Duration::from_secs(60)).await?;
+    /// assert!(guard.valid_until() > tokio::time::Instant::now() + Duration::from_secs(50));
+    /// guard.unlock().await?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a lease under 1 ms or over
+    /// [`MAX_LEASE`](crate::MAX_LEASE), or a guard renewed by the watchdog: nothing was sent.
+    /// [`LockError::LeaseLost`] when the lease is lost: already known to this guard (nothing
+    /// was sent), or found gone in Redis by this call (the guard then reports it lost, as
+    /// [`LostReason::Gone`]). [`LockError::Timeout`] / [`LockError::Connection`] when the
+    /// outcome is unknown: the guard keeps its earlier deadline, and calling again is safe.
+    /// [`LockError::AppliedNotReplicated`] under a replica sync policy when the extension ran
+    /// on the primary but did not reach the replicas in time: the guard keeps its earlier
+    /// deadline (a failover may lose the extension); calling again is safe.
+    ///
+    /// # Cancel safety
+    /// Cancel safe. Dropped before the reply, the script may or may not have run: if it did,
+    /// the hold lasts longer in Redis than this guard knows, and the guard keeps its earlier
+    /// deadline (it never claims more than Redis granted); the release works either way.
+    /// Nothing is settled in the background, since an extension that ran only ever makes the
+    /// same grant last longer.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        let lease = Lease::new(lease)?;
+        let Some(share) = self.share.as_ref() else {
+            return Err(self.lease_lost());
+        };
+        if share.is_watched() {
+            return Err(LockError::InvalidArgument(format!(
+                "the hold on {:?} is renewed by the watchdog: only a hold taken with an \
+                 explicit lease can be extended by hand",
+                self.hold.keys.name()
+            )));
+        }
+        if !share.is_held() {
+            return Err(self.lease_lost());
+        }
+        // Boxed: a script call's future is large in a debug build, and this is not a hot path.
+        Box::pin(self.send_extend(share, lease)).await
+    }
+
+    async fn send_extend(&self, share: &HoldGuard, lease: Lease) -> Result<()> {
+        let client = &self.client;
+        let renewal = [Renewal {
+            hold: self.hold.clone(),
+            token: Some(self.fence),
+        }];
+        let budget = client.start(client.command_timeout).await;
+        let sent_at = budget.sent_at;
+        let renewed = within!(
+            budget,
+            commands::renew(&client.redis, &client.scripts, &renewal, lease)
+        )?;
+        if renewed.first() != Some(&true) {
+            share.lose();
+            return Err(self.lease_lost());
+        }
+        client.sync_change(&self.hold.keys).await?;
+        if share.extended(lease.valid_until(sent_at)) {
+            Ok(())
+        } else {
+            Err(self.lease_lost()) // lost meanwhile (its own deadline passed in flight)
+        }
+    }
+
     /// Runs `work` while the lease holds: returns its output, or [`LockError::LeaseLost`] as
     /// soon as the lease is lost, dropping (cancelling) `work` at its next await point.
     ///
     /// This narrows the window in which a holder acts without a lease; it cannot close it (a
     /// pause can fall between the check and a write). Fencing tokens close it.
+    /// [`lost_reason`](LockGuard::lost_reason) then says why the lease was lost.
     ///
     /// ```
     /// # leasehold_testkit::with_redis(|url| async move {

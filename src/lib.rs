@@ -80,7 +80,7 @@ pub use leasehold_core::{
     FencingToken, Lease, LockError, LockKeys, LockKind, Owner, RedisError, ReplicaSync, Result,
     Synced, MAX_LEASE, MAX_NAME_LEN,
 };
-pub use leasehold_watchdog::WatchdogStats;
+pub use leasehold_watchdog::{LostReason, WatchdogStats};
 pub use lock::Lock;
 pub use multi_lock::{MultiLock, MultiLockGuard};
 pub use red_lock::{QuorumGuard, QuorumLock, QuorumToken, RedLock, DEFAULT_SERVER_TIMEOUT};

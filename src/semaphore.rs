@@ -304,6 +304,54 @@ impl Permit {
         self.guard.lost().await
     }
 
+    /// Why the permits were lost, once they are; `None` while held (see
+    /// [`LockGuard::lost_reason`]).
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let pool = client.semaphore("pool")?;
+    /// pool.try_set_permits(1).await?;
+    /// let permit = pool.acquire_with_lease(1, Duration::from_millis(50)).await?;
+    /// permit.lost().await;
+    /// assert_eq!(permit.lost_reason(), Some(leasehold::LostReason::Expired));
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    pub fn lost_reason(&self) -> Option<crate::LostReason> {
+        self.guard.lost_reason()
+    }
+
+    /// Extends the explicit lease of permits taken with one
+    /// ([`Semaphore::acquire_with_lease`]): they are then held at least `lease` from now, as
+    /// [`LockGuard::extend`] says (never shortened, fenced by the permit's token, refused for
+    /// permits renewed by the watchdog).
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let exports = client.semaphore("exports")?;
+    /// exports.try_set_permits(2).await?;
+    /// let permit = exports.acquire_with_lease(1, Duration::from_secs(5)).await?;
+    /// permit.extend(Duration::from_secs(30)).await?;
+    /// permit.release().await?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`]: [`LockError::InvalidArgument`] (nothing sent),
+    /// [`LockError::LeaseLost`] (the permits are lost: they expired, or the semaphore was
+    /// deleted), [`LockError::Timeout`] / [`LockError::Connection`] (unknown; safe to call
+    /// again).
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::extend`]: dropped mid-flight, the permits may last longer in Redis than
+    /// the permit knows, never shorter.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        self.guard.extend(lease).await
+    }
+
     /// Runs `work` while the permits are held; [`LockError::LeaseLost`] if they are lost
     /// first (see [`LockGuard::run_while_held`]).
     pub async fn run_while_held<F: Future>(&self, work: F) -> Result<F::Output> {

@@ -313,3 +313,27 @@ async fn a_waiter_whose_grant_reply_is_lost_keeps_its_place() {
     behind.await.unwrap();
     assert_eq!(order.served(), ["head", "behind"]);
 }
+
+/// A fair lock's hold extends like the plain lock's: its expiry in Redis and its deadline
+/// move, and another owner still finds it held.
+#[tokio::test]
+async fn extending_a_fair_lease_moves_its_expiry_and_keeps_others_out() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let other = client(&redis.url()).await;
+    let lock = holder.fair_lock("fair-extended").unwrap();
+    let guard = lock.lock_with_lease(Duration::from_secs(5)).await.unwrap();
+    guard.extend(Duration::from_secs(600)).await.unwrap();
+    let ttl = common::pttl(&redis, "leasehold:{fair-extended}");
+    assert!(ttl > 500_000, "PTTL {ttl} ms");
+    assert!(guard.valid_until() > Instant::now() + Duration::from_secs(500));
+    let other_lock = other.fair_lock("fair-extended").unwrap();
+    assert!(other_lock.try_lock().await.unwrap().is_none());
+    // Lost to a force unlock: the extension finds the grant gone.
+    assert!(other_lock.force_unlock().await.unwrap());
+    assert!(matches!(
+        guard.extend(Duration::from_secs(600)).await,
+        Err(leasehold::LockError::LeaseLost { .. })
+    ));
+    assert_eq!(guard.lost_reason(), Some(leasehold::LostReason::Gone));
+}

@@ -292,3 +292,20 @@ async fn joined_futures_take_turns_on_both_sides_of_a_read_write_lock() {
     }
     assert!(lock_keys(&redis).is_empty(), "{:?}", lock_keys(&redis));
 }
+
+/// A non-reentrant hold extends like a reentrant one: its expiry in Redis and its deadline
+/// move, and the owner's second acquire still waits for it.
+#[tokio::test]
+async fn a_non_reentrant_hold_extends_and_still_excludes_its_owner() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("nr-extended").unwrap().non_reentrant();
+    let guard = lock.lock_with_lease(Duration::from_secs(5)).await.unwrap();
+    guard.extend(Duration::from_secs(600)).await.unwrap();
+    let ttl = common::pttl(&redis, "leasehold:{nr-extended}");
+    assert!(ttl > 500_000, "PTTL {ttl} ms");
+    assert!(guard.valid_until() > Instant::now() + Duration::from_secs(500));
+    assert!(lock.try_lock().await.unwrap().is_none(), "no re-entry");
+    guard.unlock().await.unwrap();
+    assert!(lock.try_lock().await.unwrap().is_some());
+}

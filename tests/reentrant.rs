@@ -582,3 +582,161 @@ async fn fencing_tokens_stay_exact_and_distinct_above_two_to_the_fifty_third() {
     );
     guard.unlock().await.unwrap();
 }
+
+/// `extend` on an explicit lease sets the key's expiry to at least the new lease from now in
+/// Redis, and moves the guard's deadline with it; a shorter extension changes neither.
+#[tokio::test]
+async fn extending_a_lease_moves_its_expiry_in_redis_and_locally() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("extended").unwrap();
+    let guard = lock.lock_with_lease(Duration::from_secs(5)).await.unwrap();
+    assert!(common::pttl(&redis, "leasehold:{extended}") <= 5_000);
+    let before = tokio::time::Instant::now();
+    guard.extend(Duration::from_secs(600)).await.unwrap();
+    let ttl = common::pttl(&redis, "leasehold:{extended}");
+    assert!(ttl > 500_000, "PTTL after extending to 10 min: {ttl} ms");
+    assert!(guard.is_held());
+    assert!(guard.valid_until() > before + Duration::from_secs(500));
+    assert!(
+        guard.valid_until() <= tokio::time::Instant::now() + Duration::from_secs(600),
+        "the local deadline never claims more than the lease asked for"
+    );
+    assert_eq!(guard.lost_reason(), None);
+
+    // Never shortens: a shorter extension leaves the expiry and the deadline.
+    let deadline = guard.valid_until();
+    guard.extend(Duration::from_secs(1)).await.unwrap();
+    assert!(common::pttl(&redis, "leasehold:{extended}") > 500_000);
+    assert_eq!(guard.valid_until(), deadline);
+
+    // A re-entry with a short lease extends without cutting the outer hold's lease.
+    let inner = lock
+        .try_lock_with_lease(Duration::from_millis(200))
+        .await
+        .unwrap()
+        .expect("re-enters");
+    assert_eq!(inner.hold_count(), 2);
+    inner.extend(Duration::from_secs(2)).await.unwrap();
+    assert!(common::pttl(&redis, "leasehold:{extended}") > 500_000);
+    assert!(inner.valid_until() > tokio::time::Instant::now() + Duration::from_secs(1));
+    inner.unlock().await.unwrap();
+    guard.unlock().await.unwrap();
+    assert!(!exists(&redis, "leasehold:{extended}"));
+}
+
+/// A grant that ended cannot be extended, not even when its owner holds the lock again under
+/// a new grant: the extension is fenced by the grant's token, and the guard reports the loss.
+#[tokio::test]
+async fn a_lost_grant_cannot_be_extended_even_by_its_owner_again() {
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let elsewhere = client(&redis.url()).await;
+    let owner = holder.new_owner();
+    let lock = holder.lock("regranted").unwrap().with_owner(owner.clone());
+    let guard = lock.lock_with_lease(Duration::from_secs(60)).await.unwrap();
+    // An operator takes the lock away, and the same owner is granted it again through another
+    // client (which knows nothing of the first grant).
+    assert!(lock.force_unlock().await.unwrap());
+    let again_lock = elsewhere.lock("regranted").unwrap().with_owner(owner);
+    let again = again_lock
+        .try_lock_with_lease(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("free after the force unlock");
+    assert!(again.fencing_token() > guard.fencing_token());
+    assert!(guard.is_held(), "the first guard has not heard of it yet");
+
+    let result = guard.extend(Duration::from_secs(600)).await;
+    assert!(
+        matches!(result, Err(LockError::LeaseLost { .. })),
+        "{result:?}"
+    );
+    assert!(!guard.is_held());
+    assert_eq!(guard.lost_reason(), Some(leasehold::LostReason::Gone));
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() fires");
+    let ttl = common::pttl(&redis, "leasehold:{regranted}");
+    assert!(ttl <= 20_000, "the new grant's expiry was moved: {ttl} ms");
+    // Once known lost, nothing is sent.
+    let calls = common::script_calls(&redis);
+    assert!(matches!(
+        guard.extend(Duration::from_secs(600)).await,
+        Err(LockError::LeaseLost { .. })
+    ));
+    assert_eq!(common::script_calls(&redis), calls);
+    again.unlock().await.unwrap();
+}
+
+/// Leases out of range, and guards the watchdog renews, are refused before anything is sent.
+#[tokio::test]
+async fn invalid_leases_are_refused_before_anything_is_sent() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let fixed_lock = client.lock("fixed-knob").unwrap();
+    let fixed = fixed_lock
+        .lock_with_lease(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let watched_lock = client.lock("watched-knob").unwrap();
+    let watched = watched_lock.lock().await.unwrap();
+    let snapshot = (
+        common::snapshot(&redis, "fixed-knob"),
+        common::snapshot(&redis, "watched-knob"),
+    );
+    let calls = common::script_calls(&redis);
+    assert!(calls >= 2, "the two grants were counted: {calls}");
+    for lease in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        MAX_LEASE + Duration::from_millis(1),
+        Duration::MAX,
+    ] {
+        let result = fixed.extend(lease).await;
+        assert!(
+            matches!(result, Err(LockError::InvalidArgument(_))),
+            "{lease:?}: {result:?}"
+        );
+    }
+    let result = watched.extend(Duration::from_secs(60)).await;
+    assert!(
+        matches!(&result, Err(LockError::InvalidArgument(m)) if m.contains("watchdog")),
+        "{result:?}"
+    );
+    assert_eq!(common::script_calls(&redis), calls, "nothing was sent");
+    assert_eq!(
+        (
+            common::snapshot(&redis, "fixed-knob"),
+            common::snapshot(&redis, "watched-knob"),
+        ),
+        snapshot
+    );
+    assert!(fixed.is_held() && watched.is_held());
+    // The bounds themselves are leases.
+    fixed.extend(Duration::from_millis(1)).await.unwrap();
+    fixed.extend(MAX_LEASE).await.unwrap();
+    fixed.unlock().await.unwrap();
+    watched.unlock().await.unwrap();
+}
+
+/// A lease that ran out is lost for good: extending it afterwards is refused locally, and the
+/// guard says it expired.
+#[tokio::test]
+async fn an_expired_lease_cannot_be_extended() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let lock = client.lock("ran-out").unwrap();
+    let guard = lock
+        .lock_with_lease(Duration::from_millis(100))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the lease ends");
+    assert_eq!(guard.lost_reason(), Some(leasehold::LostReason::Expired));
+    assert!(matches!(
+        guard.extend(Duration::from_secs(60)).await,
+        Err(LockError::LeaseLost { .. })
+    ));
+}

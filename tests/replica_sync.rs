@@ -419,3 +419,40 @@ async fn a_semaphore_number_of_permits_waits_for_the_replica() {
     assert_eq!(sem.permits().await.unwrap(), 0, "deleted on the primary");
     pair.restore().await.unwrap();
 }
+
+/// Under the policy an extended lease waits for the replica: once `extend` returns, the
+/// replica has the new expiry. With the replica cut off it fails with `AppliedNotReplicated`
+/// and the guard keeps its earlier deadline (a failover may lose the extension).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extended_lease_waits_for_the_replica() {
+    let pair = start_pair().await;
+    let a = client(&pair.primary().url(), SYNC).await;
+    let lock = a.lock("extended").unwrap();
+    let guard = lock
+        .try_lock_with_lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("free");
+    guard.extend(Duration::from_secs(600)).await.unwrap();
+    let ttl = pair
+        .replica()
+        .command(&["PTTL", "leasehold:{extended}"])
+        .unwrap()
+        .as_int()
+        .unwrap();
+    assert!(ttl > 500_000, "the replica's PTTL: {ttl} ms");
+    let deadline = guard.valid_until();
+    pair.cut().unwrap();
+    match guard.extend(Duration::from_secs(1200)).await {
+        Err(LockError::AppliedNotReplicated {
+            replicas: 0,
+            required: 1,
+            ..
+        }) => {}
+        other => panic!("expected AppliedNotReplicated, got {other:?}"),
+    }
+    assert_eq!(guard.valid_until(), deadline, "the deadline did not move");
+    assert!(guard.is_held());
+    pair.restore().await.unwrap();
+    guard.unlock().await.unwrap();
+}

@@ -549,3 +549,55 @@ async fn a_writer_at_the_head_whose_grant_reply_is_lost_keeps_its_place() {
     behind.await.unwrap();
     assert_eq!(order.served(), ["head", "behind"]);
 }
+
+/// A read hold and a write hold each extend their own lease in the leases zset, and the keys'
+/// TTL follows the latest lease; another owner's read is not extended by them.
+#[tokio::test]
+async fn extending_read_and_write_leases_moves_each_holds_own_expiry() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let rw = client.rw_lock("rw-extended").unwrap();
+    let leases = rw.read().keys().leases();
+    let hash = rw.read().keys().hash().to_string();
+
+    let write = rw
+        .write()
+        .lock_with_lease(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let writer = write.owner().id().to_string();
+    write.extend(Duration::from_secs(600)).await.unwrap();
+    let ahead = common::zscore_ahead_ms(&redis, &leases, &writer).expect("the write hold");
+    assert!(ahead > 500_000, "the write hold ends in {ahead} ms");
+    assert!(common::pttl(&redis, &hash) > 500_000);
+    assert!(write.valid_until() > Instant::now() + Duration::from_secs(500));
+    write.unlock().await.unwrap();
+
+    let reader_lock = rw.read().clone().with_owner(client.new_owner());
+    let read = reader_lock
+        .lock_with_lease(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let other_lock = rw.read().clone().with_owner(client.new_owner());
+    let other = other_lock
+        .lock_with_lease(Duration::from_secs(5))
+        .await
+        .unwrap();
+    read.extend(Duration::from_secs(600)).await.unwrap();
+    let member = format!("~r:{}", read.owner().id());
+    let ahead = common::zscore_ahead_ms(&redis, &leases, &member).expect("the read hold");
+    assert!(ahead > 500_000, "the read hold ends in {ahead} ms");
+    let other_member = format!("~r:{}", other.owner().id());
+    let other_ahead = common::zscore_ahead_ms(&redis, &leases, &other_member).unwrap();
+    assert!(
+        other_ahead <= 5_000,
+        "the other reader's lease moved: {other_ahead} ms"
+    );
+    assert!(
+        common::pttl(&redis, &hash) > 500_000,
+        "the keys live as long as the latest lease"
+    );
+    assert!(read.valid_until() > Instant::now() + Duration::from_secs(500));
+    other.unlock().await.unwrap();
+    read.unlock().await.unwrap();
+}

@@ -715,3 +715,43 @@ async fn a_large_request_whose_grant_reply_is_lost_keeps_its_place() {
     behind.await.unwrap();
     assert_eq!(order.served(), ["head", "behind"]);
 }
+
+/// A permit with an explicit lease extends it (its score in the leases zset moves, the permit's
+/// deadline with it); a watched permit is refused; permits of a deleted semaphore are lost.
+#[tokio::test]
+async fn extending_a_permits_lease_moves_its_expiry_in_redis_and_locally() {
+    let redis = server();
+    let client = client(&redis.url()).await;
+    let semaphore = client.semaphore("sem-extended").unwrap();
+    semaphore.try_set_permits(3).await.unwrap();
+    let leases = semaphore.keys().leases();
+    let permit = semaphore
+        .acquire_with_lease(2, Duration::from_secs(5))
+        .await
+        .unwrap();
+    permit.extend(Duration::from_secs(600)).await.unwrap();
+    let member = format!(
+        "{}{}",
+        leasehold_core::protocol::READ_FIELD_PREFIX,
+        permit.id()
+    );
+    let ahead = common::zscore_ahead_ms(&redis, &leases, &member).expect("the permit");
+    assert!(ahead > 500_000, "the permit ends in {ahead} ms");
+    assert!(permit.valid_until() > Instant::now() + Duration::from_secs(500));
+    assert_eq!(semaphore.available_permits().await.unwrap(), 1);
+
+    let watched = semaphore.acquire(1).await.unwrap();
+    assert!(matches!(
+        watched.extend(Duration::from_secs(60)).await,
+        Err(LockError::InvalidArgument(_))
+    ));
+    watched.release().await.unwrap();
+
+    assert!(semaphore.delete().await.unwrap());
+    assert!(matches!(
+        permit.extend(Duration::from_secs(600)).await,
+        Err(LockError::LeaseLost { .. })
+    ));
+    assert!(!permit.is_held());
+    assert_eq!(permit.lost_reason(), Some(leasehold::LostReason::Gone));
+}

@@ -257,3 +257,78 @@ async fn a_killed_holders_lock_expires_within_the_lease() {
         "the key outlived its lease"
     );
 }
+
+/// With `max_hold`, the watchdog stops renewing a hold once it was held that long: the lease
+/// runs out in Redis, `lost()` fires, and the guard says why. Permits are capped alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_stops_renewals_and_lost_fires() {
+    const MAX_HOLD: Duration = Duration::from_secs(2);
+    let redis = server();
+    let client = LockClient::builder(&redis.url())
+        .lease(LEASE)
+        .max_hold(MAX_HOLD)
+        .build()
+        .await
+        .unwrap();
+    let semaphore = client.semaphore("capped-pool").unwrap();
+    semaphore.try_set_permits(1).await.unwrap();
+    let lock = client.lock("capped").unwrap();
+    let started = Instant::now();
+    let guard = lock.lock().await.unwrap();
+    let permit = semaphore.acquire(1).await.unwrap();
+    tokio::time::timeout(MAX_HOLD + LEASE + Duration::from_secs(20), async {
+        guard.lost().await;
+        permit.lost().await;
+    })
+    .await
+    .expect("both lapse after max_hold");
+    assert!(
+        started.elapsed() >= MAX_HOLD,
+        "renewed for at least max_hold"
+    );
+    assert!(
+        client.watchdog_stats().renewed > 0,
+        "renewed before the cap"
+    );
+    assert_eq!(guard.lost_reason(), Some(leasehold::LostReason::MaxHold));
+    assert_eq!(permit.lost_reason(), Some(leasehold::LostReason::MaxHold));
+    assert!(
+        common::eventually(Duration::from_secs(10), || !exists(
+            &redis,
+            "leasehold:{capped}"
+        ))
+        .await,
+        "the hold lapsed in Redis"
+    );
+    assert!(matches!(
+        guard.run_while_held(async {}).await,
+        Err(LockError::LeaseLost { .. })
+    ));
+    let calls = client.watchdog_stats().renew_calls;
+    tokio::time::sleep(LEASE).await; // a whole lease: no renewal tick for either
+    assert_eq!(client.watchdog_stats().renew_calls, calls);
+    // The next hold gets a clock of its own.
+    let other = common::client(&redis.url()).await;
+    let next_lock = other.lock("capped").unwrap();
+    let next = next_lock.try_lock().await.unwrap().expect("free again");
+    next.unlock().await.unwrap();
+}
+
+/// A `max_hold` out of range is refused at build.
+#[tokio::test]
+async fn an_out_of_range_max_hold_is_refused() {
+    let redis = server();
+    for max_hold in [
+        Duration::ZERO,
+        leasehold::MAX_LEASE + Duration::from_millis(1),
+    ] {
+        let built = LockClient::builder(&redis.url())
+            .max_hold(max_hold)
+            .build()
+            .await;
+        assert!(
+            matches!(&built, Err(LockError::InvalidArgument(m)) if m.contains("max_hold")),
+            "{max_hold:?}: {built:?}"
+        );
+    }
+}

@@ -336,3 +336,33 @@ impl Order {
         eventually(Duration::from_secs(1), || !self.0.lock().is_empty()).await;
     }
 }
+
+/// How far the score of `member` in the zset `key` (a hold's or a permit's lease end, in
+/// server milliseconds) lies ahead of the server's clock now (None when absent).
+pub fn zscore_ahead_ms(server: &RedisServer, key: &str, member: &str) -> Option<i64> {
+    let score: i64 = cmd(server, &["ZSCORE", key, member])
+        .as_str()?
+        .parse::<f64>()
+        .expect("a score") as i64;
+    let time = cmd(server, &["TIME"]);
+    let parts = time.as_array().expect("TIME reply");
+    let secs: i64 = parts[0].as_str().unwrap().parse().unwrap();
+    let micros: i64 = parts[1].as_str().unwrap().parse().unwrap();
+    Some(score - (secs * 1000 + micros / 1000))
+}
+
+/// Calls of scripts (EVALSHA and EVAL) the server has run so far: what "nothing was sent"
+/// is checked against.
+pub fn script_calls(server: &RedisServer) -> u64 {
+    let info = cmd(server, &["INFO", "commandstats"])
+        .as_str()
+        .unwrap_or_default();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}

@@ -100,18 +100,19 @@ pub enum LockError {
         asked_as: String,
     },
     /// A change that cannot be undone (a latch's count or count-down, a semaphore's number of
-    /// permits) ran on the primary but did not reach the replicas the client's replica sync
-    /// policy asks for within its timeout. It stands on the primary (it was not rolled back),
-    /// and a failover before a replica has it loses it. Not transient: calling again would
-    /// apply it again (count down twice, add twice). docs/deployments.md ("Replica sync") says
-    /// what a failover can then do and what to do about it.
+    /// permits, a lease extended by hand) ran on the primary but did not reach the replicas the
+    /// client's replica sync policy asks for within its timeout. It stands on the primary (it
+    /// was not rolled back), and a failover before a replica has it loses it. Not transient:
+    /// calling again would apply it again (count down twice, add twice; extending again is
+    /// harmless). docs/deployments.md ("Replica sync") says what a failover can then do and
+    /// what to do about it.
     #[error(
         "{name:?} was changed on the primary but the change reached {replicas} of the {required} \
          replicas required in time: it stands on the primary, and a failover before a replica \
          has it would lose it"
     )]
     AppliedNotReplicated {
-        /// The latch's or semaphore's name.
+        /// The latch's, semaphore's or lock's name.
         name: String,
         /// Replicas that acknowledged the change.
         replicas: u32,

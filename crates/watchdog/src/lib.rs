@@ -40,7 +40,7 @@ mod service;
 mod table;
 mod waiting;
 
-pub use lease::LeaseState;
+pub use lease::{LeaseState, LostReason};
 pub use service::{RenewFuture, Renewer, ScriptRenewer, Watchdog, WatchdogConfig, WatchdogStats};
 pub use table::{AcquireTicket, HeldGrant, HoldGuard, LeaseMode, Prepared, ReleaseTicket, Settle};
 pub use waiting::WaitingEntry;

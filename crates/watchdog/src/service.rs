@@ -74,6 +74,11 @@ pub struct WatchdogConfig {
     /// Never mix Cluster slots in one batch (required on Redis Cluster, where a script's keys
     /// must share a slot; on a single server it would only cost round trips).
     pub group_by_slot: bool,
+    /// How long the watchdog keeps a grant alive, from its acquire's send time: a grant that
+    /// comes due for renewal after that is renewed no more, and lapses when its last lease
+    /// ends (then its guards are lost, as [`LostReason::MaxHold`](crate::LostReason)). `None`
+    /// (the default): renewed for as long as a watched guard lives.
+    pub max_hold: Option<Duration>,
 }
 
 impl Default for WatchdogConfig {
@@ -82,6 +87,7 @@ impl Default for WatchdogConfig {
             lease: Lease::new(Duration::from_secs(30)).expect("a valid lease"),
             batch_size: 1000,
             group_by_slot: false,
+            max_hold: None,
         }
     }
 }
@@ -292,6 +298,13 @@ fn take_due(shared: &Shared, window: Duration) -> (Vec<Vec<Due>>, Instant) {
                 shared.lost.fetch_add(1, Ordering::Relaxed);
                 shared.metrics.lease_lost();
                 tracing::warn!(lock = %hold.keys.name(), "lease lost: validity deadline passed before renewal");
+                continue;
+            }
+            if grant.renew_until.is_some_and(|until| now >= until) {
+                // Held for max_hold: no more renewals. The grant stays (its guards live on)
+                // until its lease runs out, which the guards' deadline reports as MaxHold.
+                grant.lease.cap();
+                tracing::info!(lock = %hold.keys.name(), "max_hold reached: renewals stop, the hold lapses at the end of its lease");
                 continue;
             }
             let token = grant.token;

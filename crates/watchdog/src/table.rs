@@ -12,11 +12,12 @@ use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use leasehold_core::telemetry::WatchdogMetrics;
 use leasehold_core::{FencingToken, HoldId, Lease};
+use parking_lot::Mutex;
 use slab::Slab;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::lease::LeaseState;
+use crate::lease::{LeaseState, LostReason};
 use crate::service::{Shared, Watchdog};
 
 /// A repair in flight, awaitable by every later command of the same hold.
@@ -58,6 +59,9 @@ pub(crate) struct Grant {
     pub(crate) fixed: u32,
     /// When the next renewal is due; `None` while unwatched or while a renewal is in flight.
     pub(crate) due: Option<Instant>,
+    /// The watchdog renews this grant only before this instant (the grant's send time plus the
+    /// client's `max_hold`); `None` without a cap.
+    pub(crate) renew_until: Option<Instant>,
 }
 
 pub(crate) struct Entry {
@@ -242,8 +246,9 @@ pub struct HoldGuard {
     lease: Arc<LeaseState>,
     entry_id: u64,
     grant_id: u64,
-    /// A fixed guard's own deadline (send time + its lease - drift); `None` for a watched one.
-    until: Option<Instant>,
+    /// A fixed guard's own deadline (send time + its lease - drift, moved on by
+    /// [`HoldGuard::extended`]); `None` for a watched one.
+    until: Option<Mutex<Instant>>,
     slot: u32,
     detached: bool,
     /// Cleared by [`HoldGuard::release`], which did the drop's work already.
@@ -253,7 +258,7 @@ pub struct HoldGuard {
 impl fmt::Debug for HoldGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HoldGuard")
-            .field("watched", &self.until.is_none())
+            .field("watched", &self.is_watched())
             .field("detached", &self.detached)
             .field("held", &self.is_held())
             .finish()
@@ -267,12 +272,22 @@ impl HoldGuard {
         if !self.lease.is_held() {
             return false;
         }
-        self.until.is_none_or(|until| Instant::now() < until)
+        self.own_until().is_none_or(|until| Instant::now() < until)
+    }
+
+    /// A fixed guard's own deadline.
+    fn own_until(&self) -> Option<Instant> {
+        self.until.as_ref().map(|until| *until.lock())
+    }
+
+    /// Whether this guard is renewed by the watchdog (it has no explicit lease).
+    pub fn is_watched(&self) -> bool {
+        self.until.is_none()
     }
 
     /// The instant until which this guard's lease is certainly valid, unless renewed further.
     pub fn valid_until(&self) -> Instant {
-        self.until.unwrap_or_else(|| self.lease.valid_until())
+        self.own_until().unwrap_or_else(|| self.lease.valid_until())
     }
 
     /// Completes when this guard's lease is lost.
@@ -280,7 +295,55 @@ impl HoldGuard {
     /// # Cancel safety
     /// Cancel safe: it only observes.
     pub async fn lost(&self) {
-        self.lease.lost_by(self.until).await
+        self.lease.lost_by_any(|| self.own_until()).await
+    }
+
+    /// Why this guard's lease was lost; `None` while it is held. A fixed guard whose own
+    /// deadline passed (its grant lives on for the owner's other guards) is
+    /// [`LostReason::Expired`].
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        if let Some(reason) = self.lease.lost_reason() {
+            return Some(reason);
+        }
+        (!self.is_held()).then_some(LostReason::Expired)
+    }
+
+    /// Records that Redis confirmed this fixed guard's grant until at least `valid_until` (an
+    /// extension sent at a time whose lease gives that deadline): the guard's own deadline and
+    /// its grant's move on to it, never back. Returns false, and changes nothing, when the
+    /// guard's lease was already lost (by its grant, or by its own deadline passing meanwhile):
+    /// `false` from [`HoldGuard::is_held`] is final. A watched guard changes nothing (false).
+    pub fn extended(&self, valid_until: Instant) -> bool {
+        let Some(until) = &self.until else {
+            return false;
+        };
+        let mut until = until.lock();
+        if Instant::now() >= *until || !self.lease.extend(valid_until) {
+            return false;
+        }
+        if valid_until > *until {
+            *until = valid_until;
+        }
+        true
+    }
+
+    /// Marks this guard's grant lost ([`LostReason::Gone`]): an extension found it gone from
+    /// Redis. The grant leaves the table if it is still the hold's current one, as when a
+    /// renewal finds it gone.
+    pub fn lose(&self) {
+        self.lease.mark_lost();
+        let mut state = self.shared.state.lock();
+        let slot = self.slot as usize;
+        let current = state
+            .entries
+            .get(slot)
+            .filter(|e| e.id == self.entry_id)
+            .and_then(|e| e.grant.as_ref())
+            .is_some_and(|g| g.id == self.grant_id);
+        if current {
+            state.end_grant(slot);
+            state.tidy(slot);
+        }
     }
 
     /// Takes this guard out of the table as its release is about to be sent, and registers
@@ -531,6 +594,11 @@ impl Watchdog {
         sent_at: Instant,
     ) -> HoldGuard {
         let watched_lease = self.shared.config.lease;
+        let renew_until = self
+            .shared
+            .config
+            .max_hold
+            .and_then(|max_hold| sent_at.checked_add(max_hold));
         let lease = match mode {
             LeaseMode::Watched => watched_lease,
             LeaseMode::Fixed(lease) => lease,
@@ -564,6 +632,7 @@ impl Watchdog {
                 watched: 0,
                 fixed: 0,
                 due: None,
+                renew_until,
             });
             state.grants += 1;
             state.holds_gauge.holds(1.0);
@@ -594,7 +663,7 @@ impl Watchdog {
             grant_id,
             until: match mode {
                 LeaseMode::Watched => None,
-                LeaseMode::Fixed(_) => Some(valid_until),
+                LeaseMode::Fixed(_) => Some(Mutex::new(valid_until)),
             },
             slot: slot as u32,
             detached: false,

@@ -47,6 +47,7 @@ fn config(lease_secs: u64) -> WatchdogConfig {
         lease: Lease::new(Duration::from_secs(lease_secs)).unwrap(),
         batch_size: 1000,
         group_by_slot: false,
+        max_hold: None,
     }
 }
 
@@ -228,4 +229,78 @@ async fn a_recovered_renewal_keeps_the_hold() {
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(hold.is_held(), "renewals resumed before the deadline");
     assert_eq!(watchdog.stats().lost, 0);
+}
+
+/// With `max_hold`, a watched grant is renewed only while it has been held less than that:
+/// the renewal that comes due later is not sent, and the grant is lost (as `MaxHold`) when the
+/// lease of its last renewal ends.
+#[tokio::test(start_paused = true)]
+async fn max_hold_stops_renewals_and_the_lease_lapses() {
+    let recorder = Recorder::default();
+    let watchdog = Watchdog::start(
+        recorder.clone(),
+        WatchdogConfig {
+            max_hold: Some(Duration::from_secs(25)),
+            ..config(30)
+        },
+    );
+    let owner = ClientId::random().new_owner();
+    let start = Instant::now();
+    let hold = watch(&watchdog, &keys("capped"), &owner, 1, start);
+    hold.lost().await;
+    let offsets: Vec<u64> = recorder
+        .calls
+        .lock()
+        .iter()
+        .map(|(at, _)| (*at - start).as_secs())
+        .collect();
+    assert_eq!(offsets, vec![10, 20], "no renewal after 25 s");
+    // The last renewal (sent at 20 s) was good for a lease, minus the drift.
+    let lost_after = start.elapsed();
+    assert!(
+        lost_after > Duration::from_secs(49) && lost_after < Duration::from_secs(50),
+        "{lost_after:?}"
+    );
+    assert_eq!(
+        hold.lost_reason(),
+        Some(leasehold_watchdog::LostReason::MaxHold)
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(recorder.calls.lock().len(), 2);
+}
+
+/// A fixed guard's deadline moves with a confirmed extension, never back, and never revives a
+/// guard that is lost.
+#[tokio::test(start_paused = true)]
+async fn an_extension_moves_a_fixed_guards_deadline_forward_only() {
+    let watchdog = Watchdog::start(Recorder::default(), config(30));
+    let owner = ClientId::random().new_owner();
+    let hold = HoldId::new(keys("fixed"), owner);
+    let lease = Lease::new(Duration::from_secs(2)).unwrap();
+    let (ticket, _) = watchdog.begin_acquire(&hold).unwrap();
+    let guard = watchdog.grant(
+        ticket,
+        &hold,
+        FencingToken::new(3),
+        1,
+        LeaseMode::Fixed(lease),
+        Instant::now(),
+    );
+    assert!(!guard.is_watched());
+    let first = guard.valid_until();
+    let later = Instant::now() + Duration::from_secs(10);
+    assert!(guard.extended(later));
+    assert_eq!(guard.valid_until(), later);
+    assert!(guard.extended(first), "an earlier deadline is no loss");
+    assert_eq!(guard.valid_until(), later, "never moved back");
+    // A wait started before the extension follows it.
+    let start = Instant::now();
+    guard.lost().await;
+    assert!(start.elapsed() >= Duration::from_secs(10));
+    assert_eq!(
+        guard.lost_reason(),
+        Some(leasehold_watchdog::LostReason::Expired)
+    );
+    assert!(!guard.extended(Instant::now() + Duration::from_secs(10)));
+    assert!(!guard.is_held(), "false stays final");
 }
