@@ -110,11 +110,15 @@ async fn try_lock_does_not_jump_the_line() {
     let lock_a = a.fair_lock("line").unwrap();
     let lock_b = b.fair_lock("line").unwrap();
     let guard = lock_a.lock().await.unwrap();
+    // The waiter keeps the lock until the barger has tried: reserved for the waiter or held by
+    // it, the lock is not the barger's (once the waiter released it, it would be).
+    let (tried, barger_tried) = tokio::sync::oneshot::channel::<()>();
     let waiter = tokio::spawn({
         let lock_b = lock_b.clone();
         async move {
             let guard = lock_b.lock().await.unwrap();
             let token = guard.fencing_token();
+            let _ = barger_tried.await;
             guard.unlock().await.unwrap();
             token
         }
@@ -124,6 +128,7 @@ async fn try_lock_does_not_jump_the_line() {
     // Released with a waiter queued: the lock is reserved for it; a try by anyone else fails.
     let barger = tokio::spawn(async move { lock_a.try_lock().await.unwrap().is_some() });
     let barged = barger.await.unwrap();
+    let _ = tried.send(());
     let token = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .unwrap()
