@@ -1,6 +1,6 @@
 //! [`LockClientBuilder`]: settings with defaults that work, and building a client.
 
-use leasehold_core::telemetry::{LockMetrics, KIND_LOCK};
+use leasehold_core::telemetry::KindMetrics;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -611,7 +611,7 @@ impl LockClientBuilder {
                 scripts,
                 holds,
                 notifier,
-                lock_metrics: LockMetrics::register(KIND_LOCK),
+                metrics: KindMetrics::register(),
                 replica_sync: self.replica_sync,
                 server,
             }),

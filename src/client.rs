@@ -9,7 +9,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use leasehold_core::scripts::Scripts;
-use leasehold_core::telemetry::LockMetrics;
+use leasehold_core::telemetry::KindMetrics;
 use leasehold_core::{ClientId, LockError, LockKeys, Owner, Prefix, Redis, ReplicaSync, Result};
 use leasehold_pubsub::ReleaseNotifier;
 use leasehold_watchdog::{Watchdog, WatchdogStats};
@@ -97,8 +97,9 @@ pub(crate) struct ClientInner {
     /// The hold table and its renewal service.
     pub(crate) holds: Watchdog,
     pub(crate) notifier: ReleaseNotifier,
-    /// The plain lock's metrics (handles registered when the client was built).
-    pub(crate) lock_metrics: LockMetrics,
+    /// Every kind's metrics, each under its `kind` label (handles registered when the client
+    /// was built).
+    pub(crate) metrics: KindMetrics,
     /// How many replicas a grant, renewal and release must reach
     /// ([`LockClientBuilder::replica_sync`](crate::LockClientBuilder::replica_sync)).
     pub(crate) replica_sync: ReplicaSync,

@@ -364,7 +364,10 @@ impl<'a> LockGuard<'a> {
     /// Takes this guard's hold out of the hold table (stopping renewal) and prepares its
     /// release: whatever the reply, this guard no longer keeps the lease alive.
     fn start_release(&mut self, kind: ReleaseKind) -> Release {
-        self.client.lock_metrics.hold(self.acquired_at.elapsed());
+        self.client
+            .metrics
+            .of(self.hold.keys.kind())
+            .hold(self.acquired_at.elapsed());
         let ends_within = self.valid_until().saturating_duration_since(Instant::now())
             + self.client.command_timeout;
         // The share leaves the table and the release is registered in one step: from here the

@@ -229,7 +229,7 @@ impl Attempt for LatchAttempt<'_> {
     }
 
     fn metrics(&self) -> &LockMetrics {
-        &self.latch.client.lock_metrics
+        self.latch.client.metrics.latch()
     }
 
     fn line(&self) -> Line {

@@ -356,7 +356,10 @@ impl Lock {
                 span.record("token", guard.fencing_token().get());
             }
         }
-        self.client.lock_metrics.acquisition(outcome, waited);
+        self.client
+            .metrics
+            .of(self.keys.kind())
+            .acquisition(outcome, waited);
         result
     }
 
@@ -577,7 +580,7 @@ impl Attempt for LockAttempt<'_> {
     }
 
     fn metrics(&self) -> &LockMetrics {
-        &self.client.lock_metrics
+        self.client.metrics.of(self.hold.keys.kind())
     }
 }
 

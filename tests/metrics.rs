@@ -265,4 +265,85 @@ async fn a_contended_run_is_counted_as_it_happened() {
     assert_eq!(seen.gauge(names::HOLDS), 0.0, "every grant ended");
     assert_eq!(seen.gauge(names::WAITERS), 0.0, "nobody waits");
     assert!(seen.counter(names::RECONNECTS, &[]) >= 1);
+
+    // 6. Every other kind under its own label: a grant on A, a waiter on B woken by the release.
+    let lock_granted = seen.counter(names::ACQUISITIONS, &outcome("granted"));
+    let lock_handoffs = seen.histogram(names::HANDOFF, LOCK).len();
+    // Each waiter is asleep in line (its entry queued by a subscribed try) before the release.
+    let fair = (a.fair_lock("menu").unwrap(), b.fair_lock("menu").unwrap());
+    let line = fair.0.keys().waiters();
+    let held = fair.0.lock().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = fair.1.try_lock_for(Duration::from_secs(20)).await;
+        guard.unwrap().expect("granted").unlock().await.unwrap();
+    });
+    common::until_queued(&redis, &line, 1).await;
+    held.unlock().await.unwrap();
+    waiter.await.unwrap();
+    let (rw_a, rw_b) = (a.rw_lock("board").unwrap(), b.rw_lock("board").unwrap());
+    let line = rw_a.write().keys().waiters();
+    let held = rw_a.write().lock().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = rw_b.read().try_lock_for(Duration::from_secs(20)).await;
+        guard.unwrap().expect("granted").unlock().await.unwrap();
+    });
+    common::until_queued(&redis, &line, 1).await;
+    held.unlock().await.unwrap();
+    waiter.await.unwrap();
+    let (sem_a, sem_b) = (
+        a.semaphore("exports").unwrap(),
+        b.semaphore("exports").unwrap(),
+    );
+    let line = sem_a.keys().waiters();
+    assert!(sem_a.try_set_permits(1).await.unwrap());
+    let held = sem_a.acquire(1).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let permit = sem_b.try_acquire_for(1, Duration::from_secs(20)).await;
+        permit.unwrap().expect("granted").release().await.unwrap();
+    });
+    common::until_queued(&redis, &line, 1).await;
+    held.release().await.unwrap();
+    waiter.await.unwrap();
+    let latch = a.latch("ready").unwrap();
+    assert!(latch.try_set_count(1).await.unwrap());
+    let waiter = {
+        let latch = b.latch("ready").unwrap();
+        tokio::spawn(async move { latch.wait_for(Duration::from_secs(20)).await })
+    };
+    assert!(eventually(Duration::from_secs(10), || b.waiters() == 1).await);
+    latch.count_down().await.unwrap();
+    assert!(waiter.await.unwrap().unwrap());
+    seen.take(&snapshotter);
+    for (kind, grants) in [
+        ("fair", 2),
+        ("rwlock_write", 1),
+        ("rwlock_read", 1),
+        ("semaphore", 2),
+    ] {
+        let labels = [("kind", kind), ("outcome", "granted")];
+        assert_eq!(
+            seen.counter(names::ACQUISITIONS, &labels),
+            grants,
+            "{kind}: its grants under its own label"
+        );
+        assert_eq!(
+            seen.histogram(names::HOLD, &[("kind", kind)]).len() as u64,
+            grants,
+            "{kind}: one hold time per released guard"
+        );
+    }
+    // Whether a waiter's grant counts as a handoff depends on whether it was asleep when the
+    // release came (a grant by the try right after subscribing is none): only that no
+    // handoff of these kinds went to the plain lock's label is certain.
+    assert_eq!(
+        seen.histogram(names::HANDOFF, LOCK).len(),
+        lock_handoffs,
+        "no handoff of the other kinds counted as the plain lock's"
+    );
+    assert_eq!(
+        seen.counter(names::ACQUISITIONS, &outcome("granted")),
+        lock_granted,
+        "nothing of the other kinds counted as the plain lock's"
+    );
+    assert_eq!(seen.gauge(names::HOLDS), 0.0, "every grant ended");
 }

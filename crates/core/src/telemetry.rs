@@ -20,11 +20,56 @@
 //! | `leasehold_waiters` | gauge | | waiters in the client's local lines |
 //! | `leasehold_subscription_reconnects_total` | counter | | reconnects of the release subscriber |
 //!
-//! Labels are bounded: `kind` is the lock kind (`lock` for the reentrant and non-reentrant
-//! lock), `outcome` one of the few listed. Lock names are unbounded and are never a label.
+//! Labels are bounded: `kind` is the lock kind ([`KINDS`]: `lock` for the reentrant and
+//! non-reentrant lock, `fair`, `rwlock_read`, `rwlock_write`, `semaphore`, `latch`), `outcome`
+//! one of the few listed. Lock names are unbounded and are never a label.
 
 /// The lock kind label of the plain lock (reentrant or not).
 pub const KIND_LOCK: &str = "lock";
+/// The `kind` label of every kind, in [`KindMetrics`]'s order: the plain lock (reentrant or
+/// not), the fair lock, a read/write lock's read and write sides, a semaphore's permits, a
+/// count-down latch's waits.
+pub const KINDS: [&str; 6] = [
+    KIND_LOCK,
+    "fair",
+    "rwlock_read",
+    "rwlock_write",
+    "semaphore",
+    "latch",
+];
+
+/// The metrics of every kind in one client, each under its own `kind` label ([`KINDS`]).
+#[derive(Clone, Debug)]
+pub struct KindMetrics {
+    /// By [`KINDS`].
+    kinds: [LockMetrics; 6],
+}
+
+impl KindMetrics {
+    /// Registers the handles of every kind with the installed recorder.
+    pub fn register() -> KindMetrics {
+        KindMetrics {
+            kinds: KINDS.map(LockMetrics::register),
+        }
+    }
+
+    /// The metrics of the locks of `kind`.
+    pub fn of(&self, kind: crate::LockKind) -> &LockMetrics {
+        use crate::LockKind;
+        &self.kinds[match kind {
+            LockKind::Plain => 0,
+            LockKind::Fair => 1,
+            LockKind::Read => 2,
+            LockKind::Write => 3,
+            LockKind::Semaphore => 4,
+        }]
+    }
+
+    /// A count-down latch's (its waits: acquisitions are waits that saw it open).
+    pub fn latch(&self) -> &LockMetrics {
+        &self.kinds[5]
+    }
+}
 
 /// Metric names (see the module's table).
 pub mod names {
