@@ -99,8 +99,31 @@ fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
         "{stdout}"
     );
 
-    // Half the ops on the read/write lock, half on a semaphore of 2 permits (so that it is
-    // full when a holder works past its lease).
+    // Every op on the read/write lock, then every op on a semaphore of 2 permits (full when a
+    // holder works past its lease): one run each, so that the client paused past its lease
+    // holds what the run is about (sharing one run, the pause could land on the semaphore's
+    // holders only, and no write overlap came).
+    let (output, stdout) = chaos(&[
+        "--duration",
+        "6s",
+        "--clients",
+        "3",
+        "--seed",
+        "5",
+        "--ignore-lease",
+        "--fair-percent",
+        "0",
+        "--rw-percent",
+        "100",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        row(
+            &stdout,
+            "exclusion: write holds overlapping another owner's hold, both believed"
+        ) > 0,
+        "{stdout}"
+    );
     let (output, stdout) = chaos(&[
         "--duration",
         "5s",
@@ -112,20 +135,13 @@ fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
         "--fair-percent",
         "0",
         "--rw-percent",
-        "50",
+        "0",
         "--sem-percent",
-        "50",
+        "100",
         "--sem-permits",
         "2",
     ]);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
-    assert!(
-        row(
-            &stdout,
-            "exclusion: write holds overlapping another owner's hold, both believed"
-        ) > 0,
-        "{stdout}"
-    );
     assert!(
         row(
             &stdout,
