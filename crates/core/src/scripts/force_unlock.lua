@@ -33,18 +33,27 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prefix = ARGV[2]
 local read_write = ARGV[3] == 'rw' or held_as == 'rw'
 redis.call('@PUBLISH@', ARGV[1], '@FREE@')
-redis.call('DEL', KEYS[1])
-if read_write and redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
-  redis.call('DEL', KEYS[5])
-end
-if redis.call('TYPE', KEYS[3])['ok'] ~= 'zset' or redis.call('TYPE', KEYS[4])['ok'] ~= 'zset' then
+local line = redis.call('TYPE', KEYS[3])['ok'] == 'zset'
+  and redis.call('TYPE', KEYS[4])['ok'] == 'zset'
+if read_write then
+  redis.call('DEL', KEYS[1])
+  if redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
+    redis.call('DEL', KEYS[5])
+  end
+  if line then
+    @RW_COMMON@
+    hand_on(false)
+  end
   return 1
 end
-if read_write then
-  @RW_COMMON@
-  hand_on(false)
-else
-  local except = false
+-- A fair lock's first live waiter gets its turn, reserved in the hash in place
+-- (fair/hand_on.lua says why); otherwise the hash is deleted, last.
+if line then
+  local except, leaving = false, false
   @HAND_ON@
+  if head then
+    return 1
+  end
 end
+redis.call('DEL', KEYS[1])
 return 1
