@@ -1275,6 +1275,271 @@ async fn a_fair_force_unlock_with_a_waiter_runs_whole_while_its_slot_migrates() 
     );
 }
 
+/// A read/write lock's last read hold is released with a writer in line while the lock's slot
+/// is migrating: the release script runs whole and reserves the lock for the writer's turn; the
+/// writer gets it after the migration.
+///
+/// Failed before: the release removed the last lease (its zset then gone) and read the leases
+/// again; Redis stopped the script half-way ("non local key"): the release failed with the read
+/// hold's fields gone but the hash left behind, and the writer was never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_release_with_a_writer_waiting_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-read-release";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.read().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let read = rw.read().try_lock().await.unwrap().expect("free");
+    let writer = {
+        let rw = b.rw_lock(name).unwrap();
+        tokio::spawn(async move {
+            rw.write()
+                .try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the writer is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let released = read.unlock().await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    let leases = zset_members(&cluster, from, &keys.leases());
+    eprintln!(
+        "read release during the migration: {released:?}; fields now {fields:?}; leases \
+         {leases:?}; {} script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    released.expect("the release ran whole");
+    let fields = fields.expect("the lock is reserved, not deleted");
+    assert_eq!(fields.len(), 2, "the kind and the turn: {fields:?}");
+    assert!(fields.iter().any(|f| f.starts_with("~turn:")), "{fields:?}");
+    assert!(leases.is_empty(), "no hold is left: {leases:?}");
+    migration.finish().unwrap();
+    within(Duration::from_secs(20), "the writer", writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the writer gets the lock")
+        .unlock()
+        .await
+        .unwrap();
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way"
+    );
+}
+
+/// A read/write lock's write hold is released with readers in line while the lock's slot is
+/// migrating: the release script runs whole, the lock is free and every reader is told; both
+/// get it after the migration.
+///
+/// Failed before: as the read release (see
+/// `a_read_release_with_a_writer_waiting_runs_whole_while_its_slot_migrates`): the script
+/// stopped half-way after removing the last lease, leaving the hash behind with the writer's
+/// mode, and no reader was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_release_with_readers_waiting_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-write-release";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.write().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let write = rw.write().try_lock().await.unwrap().expect("free");
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let rw = b.rw_lock(name).unwrap().with_owner(b.new_owner());
+            tokio::spawn(async move {
+                rw.read()
+                    .try_lock_for(Duration::from_secs(60))
+                    .await
+                    .map(|g| g.map(|g| g.detach()))
+            })
+        })
+        .collect();
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 2)
+        .await,
+        "the readers are in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let released = write.unlock().await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    eprintln!(
+        "write release during the migration: {released:?}; fields now {fields:?}; {} \
+         script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    released.expect("the release ran whole");
+    assert!(fields.is_err(), "the lock is free: {fields:?}");
+    migration.finish().unwrap();
+    for reader in readers {
+        within(Duration::from_secs(20), "a reader", reader)
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the reader gets the lock")
+            .unlock()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way"
+    );
+}
+
+/// `force_unlock` of a read/write lock, held by a reader and with a writer in line, while its
+/// slot is migrating: the script runs whole and reserves the lock for the writer's turn; the
+/// writer gets it after the migration.
+///
+/// Failed before: the script deleted the lock's key and its leases and then read them again to
+/// hand the lock on; Redis stopped it half-way ("non local key"): the lock was removed and the
+/// writer never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_force_unlock_with_a_writer_waiting_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-rw-force";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.read().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let held = rw.read().try_lock().await.unwrap().expect("free").detach();
+    let writer = {
+        let rw = b.rw_lock(name).unwrap();
+        tokio::spawn(async move {
+            rw.write()
+                .try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the writer is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let forced = rw.write().force_unlock().await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    let leases = zset_members(&cluster, from, &keys.leases());
+    eprintln!(
+        "read/write force unlock during the migration: {forced:?}; fields now {fields:?}; \
+         leases {leases:?}; {} script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    assert!(forced.expect("the force unlock ran whole"));
+    let fields = fields.expect("the lock is reserved for the writer, not deleted");
+    assert_eq!(fields.len(), 2, "the kind and the turn: {fields:?}");
+    assert!(fields.iter().any(|f| f.starts_with("~turn:")), "{fields:?}");
+    assert!(leases.is_empty(), "no hold is left: {leases:?}");
+    migration.finish().unwrap();
+    within(Duration::from_secs(20), "the writer", writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the writer gets the lock")
+        .unlock()
+        .await
+        .unwrap();
+    drop(held);
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way at the source"
+    );
+}
+
+/// A writer waiting behind a reader gives up (its `try_lock_for` times out) while the lock's
+/// slot is migrating: the leave script runs whole and its entry is gone.
+///
+/// Failed before: the leave took the writer's entry out (the line's zsets then gone, it was the
+/// only waiter) and read them again to drop dead entries; Redis stopped it half-way ("non local
+/// key").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_waiter_giving_up_leaves_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-rw-leave";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.write().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let read = rw.read().try_lock().await.unwrap().expect("free");
+    let writer = {
+        let rw = b.rw_lock(name).unwrap();
+        tokio::spawn(async move {
+            rw.write()
+                .try_lock_for(Duration::from_secs(3))
+                .await
+                .map(|g| g.is_some())
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(2), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the writer is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    assert!(
+        !writer.is_finished(),
+        "the writer gives up during the migration"
+    );
+    let got = within(Duration::from_secs(10), "the writer's time-out", writer)
+        .await
+        .unwrap();
+    assert!(!got.expect("a time-out, not an error"), "the lock was held");
+    // The leave runs in the background once the wait is over.
+    let gone = eventually(Duration::from_secs(10), || {
+        zset_members(&cluster, from, &line).is_empty()
+    })
+    .await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the writer's entry gone: {gone}; {stopped} script(s) stopped");
+    assert!(gone, "the writer's entry is gone");
+    assert_eq!(stopped, 0, "the leave ran whole");
+    migration.finish().unwrap();
+    read.unlock().await.unwrap();
+}
+
 /// A waiter's shard subscription made just as its slot moves: `SSUBSCRIBE` reaches the old
 /// owner, the slot then moves (the old owner drops the subscription) and the subscriber's slot
 /// map is resynced before the client notes where the subscription was made. The slot follower

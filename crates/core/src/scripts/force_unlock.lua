@@ -36,15 +36,18 @@ redis.call('@PUBLISH@', ARGV[1], '@FREE@')
 local line = redis.call('TYPE', KEYS[3])['ok'] == 'zset'
   and redis.call('TYPE', KEYS[4])['ok'] == 'zset'
 if read_write then
-  redis.call('DEL', KEYS[1])
+  @RW_COMMON@
+  -- Every hold goes: the leases at once, the hash last (`finish`), unless a turn reserved for
+  -- the writer first in line replaces its fields (rw/common.lua says why).
   if redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
     redis.call('DEL', KEYS[5])
+    gone[5] = true
   end
+  spent = true
   if line then
-    @RW_COMMON@
     hand_on(false)
   end
-  return 1
+  return finish(1)
 end
 -- A fair lock's first live waiter gets its turn, reserved in the hash in place
 -- (fair/hand_on.lua says why); otherwise the hash is deleted, last.
