@@ -1540,6 +1540,119 @@ async fn a_read_write_waiter_giving_up_leaves_whole_while_its_slot_migrates() {
     read.unlock().await.unwrap();
 }
 
+/// A semaphore's waiter is granted its permit while the semaphore's slot is migrating, with
+/// permits left over after its grant: the acquire script runs whole (it tells the next in line,
+/// of whom there is none) and the waiter has its permit before the migration ends.
+///
+/// Failed before: the grant took the waiter's entry out (the line's zsets then gone, it was the
+/// only waiter) and then read the line to tell the next waiters; Redis stopped it half-way
+/// ("non local key"): the waiter's try failed after its permit had been written, and it waited
+/// for the migration's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_granted_with_permits_left_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-semaphore-grant";
+    let semaphore = a.semaphore(name).unwrap();
+    let keys = semaphore.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(semaphore.try_set_permits(3).await.unwrap());
+    let one = semaphore.acquire(1).await.unwrap();
+    let two = semaphore.acquire(2).await.unwrap();
+    let waiter = {
+        let semaphore = b.semaphore(name).unwrap();
+        tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_secs(60)).await })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    two.release().await.expect("the release ran whole");
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the waiter during the migration: {granted:?}; {stopped} script(s) stopped");
+    let permit = granted
+        .expect("granted during the migration")
+        .unwrap()
+        .unwrap()
+        .expect("a permit");
+    assert_eq!(stopped, 0, "the grant ran whole");
+    migration.finish().unwrap();
+    permit.release().await.unwrap();
+    one.release().await.unwrap();
+}
+
+/// A semaphore's only waiter gives up (its `try_acquire_for` times out) while the semaphore's
+/// slot is migrating: the leave script runs whole and its entry is gone.
+///
+/// Failed before: as the read/write lock's leave (see
+/// `a_read_write_waiter_giving_up_leaves_whole_while_its_slot_migrates`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_giving_up_leaves_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-semaphore-leave";
+    let semaphore = a.semaphore(name).unwrap();
+    let keys = semaphore.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(semaphore.try_set_permits(1).await.unwrap());
+    let permit = semaphore.acquire(1).await.unwrap();
+    let waiter = {
+        let semaphore = b.semaphore(name).unwrap();
+        tokio::spawn(async move {
+            semaphore
+                .try_acquire_for(1, Duration::from_secs(3))
+                .await
+                .map(|p| p.is_some())
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(2), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    assert!(
+        !waiter.is_finished(),
+        "the waiter gives up during the migration"
+    );
+    let got = within(Duration::from_secs(10), "the waiter's time-out", waiter)
+        .await
+        .unwrap();
+    assert!(
+        !got.expect("a time-out, not an error"),
+        "no permit was free"
+    );
+    let gone = eventually(Duration::from_secs(10), || {
+        zset_members(&cluster, from, &line).is_empty()
+    })
+    .await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the waiter's entry gone: {gone}; {stopped} script(s) stopped");
+    assert!(gone, "the waiter's entry is gone");
+    assert_eq!(stopped, 0, "the leave ran whole");
+    migration.finish().unwrap();
+    permit.release().await.unwrap();
+}
+
 /// A waiter's shard subscription made just as its slot moves: `SSUBSCRIBE` reaches the old
 /// owner, the slot then moves (the old owner drops the subscription) and the subscriber's slot
 /// map is resynced before the client notes where the subscription was made. The slot follower
