@@ -258,6 +258,22 @@ impl Redis {
         members
     }
 
+    /// Whether `key` exists (and has not expired) at `now`.
+    pub fn exists(&self, key: &str, now: u64) -> bool {
+        self.live(key, now).is_some()
+    }
+
+    /// The keys a command names: every argument of `DEL` and `EXISTS`, none of `TIME` and the
+    /// publishes, the first of every other command in [`COMMANDS`].
+    pub fn command_keys(args: &[String]) -> &[String] {
+        let name = args.first().map(|n| n.to_ascii_uppercase());
+        match name.as_deref() {
+            None | Some("TIME" | "PUBLISH" | "SPUBLISH") => &[],
+            Some("DEL" | "EXISTS") => &args[1..],
+            Some(_) => &args[1..args.len().min(2)],
+        }
+    }
+
     /// Runs one command. `args[0]` is the command name (any case).
     pub fn execute(&mut self, args: &[String], call: &mut Call<'_>) -> Reply {
         match self.run(args, call) {
