@@ -24,7 +24,11 @@ use std::time::{Duration, Instant};
 
 use fred::types::config::{Config, ServerConfig};
 use fred::types::RespVersion;
-use leasehold::LockClient;
+use leasehold::{Lease, LockClient, LockKeys, Owner};
+use leasehold_core::commands::{self, Acquire, AcquireMode, Release, ReleaseKind};
+use leasehold_core::protocol::Protocol;
+use leasehold_core::scripts::Scripts;
+use leasehold_core::HoldId;
 use leasehold_testkit::{RedisCluster, SentinelSet};
 
 const LEASE: Duration = Duration::from_millis(600);
@@ -146,6 +150,77 @@ fn slot_and_target(cluster: &RedisCluster, client: &LockClient, name: &str) -> (
         .find(|&&p| p != from)
         .unwrap();
     (slot, to)
+}
+
+/// The fields of the hash `key` at `node`; `Err` with what the node answered when it has no
+/// such key (while a slot migrates, the source answers `ASK` for a key it no longer has).
+fn hash_fields(cluster: &RedisCluster, node: usize, key: &str) -> Result<Vec<String>, String> {
+    let reply = cluster
+        .node(node)
+        .command(&["HKEYS", key])
+        .map_err(|e| e.to_string())?;
+    let mut fields: Vec<String> = reply
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    fields.sort();
+    if fields.is_empty() {
+        return Err("no such key".into());
+    }
+    Ok(fields)
+}
+
+/// The members of the zset `key` at `node`: none when the node has no such key (or answers
+/// `ASK` for it: gone from a migrating slot's source).
+fn zset_members(cluster: &RedisCluster, node: usize, key: &str) -> Vec<String> {
+    cluster
+        .node(node)
+        .command(&["ZRANGE", key, "0", "-1"])
+        .ok()
+        .and_then(|v| {
+            v.as_array()
+                .map(|members| members.iter().filter_map(|m| m.as_str()).collect())
+        })
+        .unwrap_or_default()
+}
+
+/// How many commands `node` has answered with an `ERR` reply: a script that Redis stopped
+/// half-way counts one ("ERR Script attempted to access a non local key in a cluster node").
+fn err_replies(cluster: &RedisCluster, node: usize) -> u64 {
+    let stats = cluster.node(node).info("errorstats").unwrap_or_default();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("errorstat_ERR:count="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The scripts the cluster's clients run (sharded pub/sub where the servers have it), for a
+/// test that drives a waiter itself and must be heard by the library's waiters.
+fn cluster_scripts(cluster: &RedisCluster) -> Arc<Scripts> {
+    Scripts::for_protocol(Protocol {
+        sharded: cluster.node(0).has_command("SPUBLISH").unwrap(),
+        ..Protocol::default()
+    })
+}
+
+/// One try of a fair waiter that the test drives itself (`owner`, over `client`'s connection),
+/// as the waiting engine sends it: it takes a turn reserved for it, or keeps (or takes) its
+/// place in line with an entry that lives 30 s.
+async fn fair_try(
+    client: &LockClient,
+    scripts: &Scripts,
+    keys: &LockKeys,
+    owner: &Owner,
+) -> leasehold::Result<Acquire> {
+    let life = Lease::new(Duration::from_secs(30)).unwrap();
+    let mode = AcquireMode::FairWaiter {
+        entry_life: life,
+        non_reentrant: false,
+    };
+    commands::acquire(client.redis(), scripts, keys, owner, life, mode).await
 }
 
 /// After a slot moved, the first command of a client to it meets `MOVED`: it should be
@@ -911,6 +986,671 @@ async fn a_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
         .unwrap()
         .expect("the waiter gets the lock");
     handed.unlock().await.unwrap();
+}
+
+/// A fair lock's release with a waiter in line while the lock's slot is migrating (its keys
+/// still at the source): the release script runs whole and reserves the lock for the waiter's
+/// turn, and the waiter takes it (its try runs whole too, during the migration or after it).
+///
+/// Failed before: the script deleted the lock's key and then wrote the waiter's turn into it;
+/// Redis stopped it half-way ("non local key"): the release failed, the lock deleted and the
+/// waiter never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-fair-release";
+    let lock = a.fair_lock(name).unwrap();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let waiter = {
+        let lock = b.fair_lock(name).unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = lock.keys().waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    // MIGRATING / IMPORTING, no key moved yet: every key of the release is local.
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let released = guard.unlock().await;
+    let fields = hash_fields(&cluster, from, lock.keys().hash());
+    eprintln!(
+        "fair release during the migration: {released:?}; the lock's fields now {fields:?}; \
+         {} script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    released.expect("the release ran whole");
+    // Reserved for the waiter's turn, or taken by it already.
+    let fields = fields.expect("the lock is handed on, not deleted");
+    assert!(
+        fields
+            .iter()
+            .any(|f| f.starts_with("~turn:") || f == "~fence"),
+        "{fields:?}"
+    );
+    migration.finish().unwrap();
+    let handed = within(Duration::from_secs(20), "the hand-over", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter gets the lock");
+    handed.unlock().await.unwrap();
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way at the source"
+    );
+}
+
+/// A fair waiter takes the turn a release reserved for it while the lock's slot is migrating:
+/// its try runs whole and is granted, the reservation replaced by its hold.
+///
+/// The waiter is driven by the test (core's typed acquire, as the waiting engine sends it), so
+/// that its turn is reserved before the migration begins and taken during it: a waiter of the
+/// library takes its turn the moment it is told.
+///
+/// Failed before: the grant deleted the lock's key (the reservation) and then wrote the hold
+/// into it; Redis stopped the script half-way ("non local key"): the try failed, with the
+/// waiter's entry already out of the line and the reservation gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_takes_its_reserved_turn_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let scripts = cluster_scripts(&cluster);
+    let name = "migrating-fair-turn";
+    let lock = a.fair_lock(name).unwrap();
+    let keys = lock.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let waiter = b.new_owner();
+    let queued = fair_try(&b, &scripts, &keys, &waiter).await.unwrap();
+    assert!(matches!(queued, Acquire::Held { .. }), "{queued:?}");
+    guard.unlock().await.unwrap();
+    let turn = format!("~turn:{}", waiter.id());
+    assert_eq!(
+        hash_fields(&cluster, from, keys.hash()),
+        Ok(vec![turn]),
+        "the release reserved the lock for the waiter's turn"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let taken = fair_try(&b, &scripts, &keys, &waiter).await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!(
+        "the turn taken during the migration: {taken:?}; the lock's fields now {fields:?}; \
+         {stopped} script(s) stopped"
+    );
+    assert!(
+        matches!(taken, Ok(Acquire::Granted { hold_count: 1, .. })),
+        "the try ran whole and was granted: {taken:?}"
+    );
+    let mut held_by = vec![waiter.id().to_string(), "~fence".to_string()];
+    held_by.sort();
+    assert_eq!(
+        fields,
+        Ok(held_by),
+        "the waiter's hold replaced the reservation"
+    );
+    assert!(zset_members(&cluster, from, &keys.waiters()).is_empty());
+    assert_eq!(stopped, 0);
+    migration.finish().unwrap();
+    let hold = HoldId::new(keys.clone(), waiter.clone());
+    let released = commands::release(b.redis(), &scripts, &hold, None, ReleaseKind::Now, None)
+        .await
+        .unwrap();
+    assert_eq!(released, Release::Released);
+}
+
+/// A fair waiter gives up while a turn is reserved for it and the lock's slot is migrating: the
+/// leave script runs whole, the waiter's entry goes and the turn passes to the next waiter in
+/// line, who gets the lock.
+///
+/// The first waiter is driven by the test (core's typed calls, as the waiting engine sends
+/// them): a waiter of the library takes its turn the moment it is told, so only such a waiter
+/// holds a turn reserved before the migration and gives it up during it.
+///
+/// Failed before: the leave deleted the lock's key (the turn) and then wrote the next waiter's
+/// turn into it; Redis stopped the script half-way ("non local key"): the lock was left free
+/// and the next waiter never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_leaving_its_reserved_turn_hands_it_on_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let c = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let scripts = cluster_scripts(&cluster);
+    let name = "migrating-fair-leave";
+    let lock = a.fair_lock(name).unwrap();
+    let keys = lock.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let first = b.new_owner();
+    let queued = fair_try(&b, &scripts, &keys, &first).await.unwrap();
+    assert!(matches!(queued, Acquire::Held { .. }), "{queued:?}");
+    let second = {
+        let lock = c.fair_lock(name).unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 2)
+        .await,
+        "both waiters are in line"
+    );
+    guard.unlock().await.unwrap();
+    let turn = format!("~turn:{}", first.id());
+    assert_eq!(
+        hash_fields(&cluster, from, keys.hash()),
+        Ok(vec![turn.clone()]),
+        "the release reserved the lock for the first waiter's turn"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let left = commands::fair_leave(b.redis(), &scripts, &keys, &first).await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    let waiting = zset_members(&cluster, from, &line);
+    eprintln!(
+        "the leave during the migration: {left:?}; the lock's fields now {fields:?}; in line \
+         {waiting:?}; {} script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    left.expect("the leave ran whole");
+    assert!(
+        !waiting.iter().any(|w| w == first.id()),
+        "the first waiter's entry is gone: {waiting:?}"
+    );
+    // Reserved for the second waiter's turn, or taken by it already.
+    let fields = fields.expect("the lock is handed on, not left free");
+    assert!(
+        fields
+            .iter()
+            .any(|f| (f.starts_with("~turn:") && *f != turn) || f == "~fence"),
+        "{fields:?}"
+    );
+    migration.finish().unwrap();
+    let handed = within(Duration::from_secs(20), "the second waiter", second)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the second waiter gets the lock");
+    handed.unlock().await.unwrap();
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way at the source"
+    );
+}
+
+/// `force_unlock` of a fair lock, held and with a waiter in line, while its slot is migrating:
+/// the script runs whole and hands the lock on to the waiter, who gets it.
+///
+/// Failed before: the script deleted the lock's key and then wrote the waiter's turn into it;
+/// Redis stopped it half-way ("non local key"): the lock was removed and the waiter never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_force_unlock_with_a_waiter_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-fair-force";
+    let fair = a.fair_lock(name).unwrap();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let held = fair.try_lock().await.unwrap().expect("free").detach();
+    let waiter = {
+        let lock = b.fair_lock(name).unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = fair.keys().waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let forced = fair.force_unlock().await;
+    let fields = hash_fields(&cluster, from, fair.keys().hash());
+    eprintln!(
+        "fair force unlock during the migration: {forced:?}; fields now {fields:?}; {} \
+         script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    assert!(forced.expect("the force unlock ran whole"));
+    // Reserved for the waiter's turn, or taken by it already.
+    let fields = fields.expect("the lock is handed on, not deleted");
+    assert!(
+        fields
+            .iter()
+            .any(|f| f.starts_with("~turn:") || f == "~fence"),
+        "{fields:?}"
+    );
+    migration.finish().unwrap();
+    within(Duration::from_secs(20), "the waiter", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter gets the lock")
+        .unlock()
+        .await
+        .unwrap();
+    drop(held);
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way at the source"
+    );
+}
+
+/// A read/write lock's last read hold is released with a writer in line while the lock's slot
+/// is migrating: the release script runs whole and reserves the lock for the writer's turn; the
+/// writer gets it after the migration.
+///
+/// Failed before: the release removed the last lease (its zset then gone) and read the leases
+/// again; Redis stopped the script half-way ("non local key"): the release failed with the read
+/// hold's fields gone but the hash left behind, and the writer was never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_release_with_a_writer_waiting_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-read-release";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.read().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let read = rw.read().try_lock().await.unwrap().expect("free");
+    let writer = {
+        let rw = b.rw_lock(name).unwrap();
+        tokio::spawn(async move {
+            rw.write()
+                .try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the writer is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let released = read.unlock().await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    let leases = zset_members(&cluster, from, &keys.leases());
+    eprintln!(
+        "read release during the migration: {released:?}; fields now {fields:?}; leases \
+         {leases:?}; {} script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    released.expect("the release ran whole");
+    let fields = fields.expect("the lock is reserved, not deleted");
+    assert_eq!(fields.len(), 2, "the kind and the turn: {fields:?}");
+    assert!(fields.iter().any(|f| f.starts_with("~turn:")), "{fields:?}");
+    assert!(leases.is_empty(), "no hold is left: {leases:?}");
+    migration.finish().unwrap();
+    within(Duration::from_secs(20), "the writer", writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the writer gets the lock")
+        .unlock()
+        .await
+        .unwrap();
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way"
+    );
+}
+
+/// A read/write lock's write hold is released with readers in line while the lock's slot is
+/// migrating: the release script runs whole, the lock is free and every reader is told; both
+/// get it after the migration.
+///
+/// Failed before: as the read release (see
+/// `a_read_release_with_a_writer_waiting_runs_whole_while_its_slot_migrates`): the script
+/// stopped half-way after removing the last lease, leaving the hash behind with the writer's
+/// mode, and no reader was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_release_with_readers_waiting_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-write-release";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.write().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let write = rw.write().try_lock().await.unwrap().expect("free");
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let rw = b.rw_lock(name).unwrap().with_owner(b.new_owner());
+            tokio::spawn(async move {
+                rw.read()
+                    .try_lock_for(Duration::from_secs(60))
+                    .await
+                    .map(|g| g.map(|g| g.detach()))
+            })
+        })
+        .collect();
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 2)
+        .await,
+        "the readers are in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let released = write.unlock().await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    eprintln!(
+        "write release during the migration: {released:?}; fields now {fields:?}; {} \
+         script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    released.expect("the release ran whole");
+    assert!(fields.is_err(), "the lock is free: {fields:?}");
+    migration.finish().unwrap();
+    for reader in readers {
+        within(Duration::from_secs(20), "a reader", reader)
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the reader gets the lock")
+            .unlock()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way"
+    );
+}
+
+/// `force_unlock` of a read/write lock, held by a reader and with a writer in line, while its
+/// slot is migrating: the script runs whole and reserves the lock for the writer's turn; the
+/// writer gets it after the migration.
+///
+/// Failed before: the script deleted the lock's key and its leases and then read them again to
+/// hand the lock on; Redis stopped it half-way ("non local key"): the lock was removed and the
+/// writer never told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_force_unlock_with_a_writer_waiting_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-rw-force";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.read().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let held = rw.read().try_lock().await.unwrap().expect("free").detach();
+    let writer = {
+        let rw = b.rw_lock(name).unwrap();
+        tokio::spawn(async move {
+            rw.write()
+                .try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the writer is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let forced = rw.write().force_unlock().await;
+    let fields = hash_fields(&cluster, from, keys.hash());
+    let leases = zset_members(&cluster, from, &keys.leases());
+    eprintln!(
+        "read/write force unlock during the migration: {forced:?}; fields now {fields:?}; \
+         leases {leases:?}; {} script(s) stopped",
+        err_replies(&cluster, from) - errors
+    );
+    assert!(forced.expect("the force unlock ran whole"));
+    let fields = fields.expect("the lock is reserved for the writer, not deleted");
+    assert_eq!(fields.len(), 2, "the kind and the turn: {fields:?}");
+    assert!(fields.iter().any(|f| f.starts_with("~turn:")), "{fields:?}");
+    assert!(leases.is_empty(), "no hold is left: {leases:?}");
+    migration.finish().unwrap();
+    within(Duration::from_secs(20), "the writer", writer)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the writer gets the lock")
+        .unlock()
+        .await
+        .unwrap();
+    drop(held);
+    assert_eq!(
+        err_replies(&cluster, from),
+        errors,
+        "no script stopped half-way at the source"
+    );
+}
+
+/// A writer waiting behind a reader gives up (its `try_lock_for` times out) while the lock's
+/// slot is migrating: the leave script runs whole and its entry is gone.
+///
+/// Failed before: the leave took the writer's entry out (the line's zsets then gone, it was the
+/// only waiter) and read them again to drop dead entries; Redis stopped it half-way ("non local
+/// key").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_waiter_giving_up_leaves_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-rw-leave";
+    let rw = a.rw_lock(name).unwrap();
+    let keys = rw.write().keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let read = rw.read().try_lock().await.unwrap().expect("free");
+    let writer = {
+        let rw = b.rw_lock(name).unwrap();
+        tokio::spawn(async move {
+            rw.write()
+                .try_lock_for(Duration::from_secs(3))
+                .await
+                .map(|g| g.is_some())
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(2), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the writer is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    assert!(
+        !writer.is_finished(),
+        "the writer gives up during the migration"
+    );
+    let got = within(Duration::from_secs(10), "the writer's time-out", writer)
+        .await
+        .unwrap();
+    assert!(!got.expect("a time-out, not an error"), "the lock was held");
+    // The leave runs in the background once the wait is over.
+    let gone = eventually(Duration::from_secs(10), || {
+        zset_members(&cluster, from, &line).is_empty()
+    })
+    .await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the writer's entry gone: {gone}; {stopped} script(s) stopped");
+    assert!(gone, "the writer's entry is gone");
+    assert_eq!(stopped, 0, "the leave ran whole");
+    migration.finish().unwrap();
+    read.unlock().await.unwrap();
+}
+
+/// A semaphore's waiter is granted its permit while the semaphore's slot is migrating, with
+/// permits left over after its grant: the acquire script runs whole (it tells the next in line,
+/// of whom there is none) and the waiter has its permit before the migration ends.
+///
+/// Failed before: the grant took the waiter's entry out (the line's zsets then gone, it was the
+/// only waiter) and then read the line to tell the next waiters; Redis stopped it half-way
+/// ("non local key"): the waiter's try failed after its permit had been written, and it waited
+/// for the migration's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_granted_with_permits_left_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-semaphore-grant";
+    let semaphore = a.semaphore(name).unwrap();
+    let keys = semaphore.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(semaphore.try_set_permits(3).await.unwrap());
+    let one = semaphore.acquire(1).await.unwrap();
+    let two = semaphore.acquire(2).await.unwrap();
+    let waiter = {
+        let semaphore = b.semaphore(name).unwrap();
+        tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_secs(60)).await })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    two.release().await.expect("the release ran whole");
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the waiter during the migration: {granted:?}; {stopped} script(s) stopped");
+    let permit = granted
+        .expect("granted during the migration")
+        .unwrap()
+        .unwrap()
+        .expect("a permit");
+    assert_eq!(stopped, 0, "the grant ran whole");
+    migration.finish().unwrap();
+    permit.release().await.unwrap();
+    one.release().await.unwrap();
+}
+
+/// A semaphore's only waiter gives up (its `try_acquire_for` times out) while the semaphore's
+/// slot is migrating: the leave script runs whole and its entry is gone.
+///
+/// Failed before: as the read/write lock's leave (see
+/// `a_read_write_waiter_giving_up_leaves_whole_while_its_slot_migrates`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_giving_up_leaves_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-semaphore-leave";
+    let semaphore = a.semaphore(name).unwrap();
+    let keys = semaphore.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(semaphore.try_set_permits(1).await.unwrap());
+    let permit = semaphore.acquire(1).await.unwrap();
+    let waiter = {
+        let semaphore = b.semaphore(name).unwrap();
+        tokio::spawn(async move {
+            semaphore
+                .try_acquire_for(1, Duration::from_secs(3))
+                .await
+                .map(|p| p.is_some())
+        })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(2), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    assert!(
+        !waiter.is_finished(),
+        "the waiter gives up during the migration"
+    );
+    let got = within(Duration::from_secs(10), "the waiter's time-out", waiter)
+        .await
+        .unwrap();
+    assert!(
+        !got.expect("a time-out, not an error"),
+        "no permit was free"
+    );
+    let gone = eventually(Duration::from_secs(10), || {
+        zset_members(&cluster, from, &line).is_empty()
+    })
+    .await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the waiter's entry gone: {gone}; {stopped} script(s) stopped");
+    assert!(gone, "the waiter's entry is gone");
+    assert_eq!(stopped, 0, "the leave ran whole");
+    migration.finish().unwrap();
+    permit.release().await.unwrap();
 }
 
 /// A waiter's shard subscription made just as its slot moves: `SSUBSCRIBE` reaches the old

@@ -8,7 +8,7 @@
 //! sharing the state is as good as a fresh one.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
@@ -46,6 +46,11 @@ pub struct Ran {
     pub reply: Reply,
     /// (channel, payload) of every PUBLISH, in order.
     pub published: Vec<(String, String)>,
+    /// The first command that would have stopped this run had its slot been migrating (Redis
+    /// Cluster): every key the script names was there when it began (else Redis would not
+    /// have run it then), and the command names a key that the script itself emptied before.
+    /// Redis stops such a script there ("non local key"); the model runs it on.
+    pub stopped_while_migrating: Option<String>,
 }
 
 /// Runs `script` atomically on `redis` at `now` (model milliseconds).
@@ -81,6 +86,10 @@ fn execute(
     let mut published = Vec::new();
     // The error a failed redis.call raised: the script's reply, as Redis sends it.
     let raised: RefCell<Option<String>> = RefCell::new(None);
+    // Keys this run emptied, and the first command naming one again (see `Ran`).
+    let all_there = keys.iter().all(|k| redis.exists(k, now));
+    let emptied: RefCell<HashSet<String>> = RefCell::new(HashSet::new());
+    let stopped: RefCell<Option<String>> = RefCell::new(None);
     let result = {
         let state = RefCell::new((&mut *redis, &mut published));
         lua.scope(|scope| {
@@ -89,7 +98,25 @@ fn execute(
                 let reply = {
                     let mut state = state.borrow_mut();
                     let (redis, published) = &mut *state;
-                    redis.execute(&args, &mut Call { now, published })
+                    let named = Redis::command_keys(&args);
+                    if all_there {
+                        let mut emptied = emptied.borrow_mut();
+                        if let Some(key) = named.iter().find(|k| emptied.contains(*k)) {
+                            stopped
+                                .borrow_mut()
+                                .get_or_insert_with(|| format!("{} on {key}", args[0]));
+                        }
+                        let there: Vec<bool> = named.iter().map(|k| redis.exists(k, now)).collect();
+                        let reply = redis.execute(&args, &mut Call { now, published });
+                        for (key, was) in named.iter().zip(there) {
+                            if was && !redis.exists(key, now) {
+                                emptied.insert(key.clone());
+                            }
+                        }
+                        reply
+                    } else {
+                        redis.execute(&args, &mut Call { now, published })
+                    }
                 };
                 if let (Reply::Error(e), false) = (&reply, protected) {
                     *raised.borrow_mut() = Some(e.clone());
@@ -123,7 +150,11 @@ fn execute(
                 .unwrap_or_else(|| format!("ERR script error: {error}")),
         ),
     };
-    Ran { reply, published }
+    Ran {
+        reply,
+        published,
+        stopped_while_migrating: stopped.into_inner(),
+    }
 }
 
 /// Command arguments as Redis takes them from Lua: strings, and numbers as their text.
@@ -230,6 +261,54 @@ mod tests {
                 Reply::Int(7),
             ])
         );
+    }
+
+    #[test]
+    fn a_command_on_a_key_the_script_emptied_would_stop_it_while_its_slot_migrates() {
+        let mut redis = Redis::default();
+        let keys = ["h".to_string(), "z".to_string()];
+        let set_up = "redis.call('HSET', KEYS[1], 'a', '1') redis.call('ZADD', KEYS[2], 1, 'm')";
+        let cases = [
+            // Deleted, then written again: stopped.
+            (
+                "redis.call('DEL', KEYS[1]) redis.call('HSET', KEYS[1], 'b', '1')",
+                Some("HSET on h"),
+            ),
+            // Emptied by removing its last member, then read: stopped.
+            (
+                "redis.call('ZREM', KEYS[2], 'm') return redis.call('ZCARD', KEYS[2])",
+                Some("ZCARD on z"),
+            ),
+            // Replaced in place, then deleted as the last command on it: runs whole.
+            (
+                "redis.call('HSET', KEYS[1], 'b', '1') redis.call('HDEL', KEYS[1], 'a') \
+              redis.call('PEXPIRE', KEYS[1], 10) redis.call('DEL', KEYS[1])",
+                None,
+            ),
+        ];
+        for (lua, stopped) in cases {
+            run(set_up, &keys, &[], &mut redis, 0);
+            let ran = run(lua, &keys, &[], &mut redis, 0);
+            assert_eq!(ran.stopped_while_migrating.as_deref(), stopped, "{lua}");
+        }
+        // A key that was not there when the script began: Redis would not have run it while
+        // the slot migrates (TRYAGAIN), so nothing it does then counts.
+        run(
+            "redis.call('DEL', KEYS[1], KEYS[2])",
+            &keys,
+            &[],
+            &mut redis,
+            0,
+        );
+        let ran = run(
+            "redis.call('HSET', KEYS[1], 'a', '1') redis.call('DEL', KEYS[1]) \
+             return redis.call('EXISTS', KEYS[1])",
+            &keys,
+            &[],
+            &mut redis,
+            0,
+        );
+        assert_eq!(ran.stopped_while_migrating, None);
     }
 
     #[test]

@@ -186,6 +186,12 @@ impl LockModel {
         if let Reply::Error(e) = &ran.reply {
             s.ghost.broken.get_or_insert(Broken::ScriptError(e.clone()));
         }
+        if let Some(command) = &ran.stopped_while_migrating {
+            s.ghost.broken.get_or_insert(Broken::ScriptError(format!(
+                "ERR Script attempted to access a non local key in a cluster node (while its \
+                 slot migrates): {command}, a key the script emptied"
+            )));
+        }
         self.publish(s, &ran.published);
         ran
     }

@@ -34,7 +34,8 @@ pub mod names {
     pub const LOST_STAYS_LOST: &str = "a lost guard stays lost (F3)";
     /// Once every client is done or crashed, nothing stays in Redis but what expires.
     pub const NOTHING_LEFT: &str = "nothing left behind";
-    /// Every script run answers without an error.
+    /// Every script run answers without an error, and none would stop half-way in a migrating
+    /// Redis Cluster slot (see [`crate::lua::Ran::stopped_while_migrating`]).
     pub const NO_SCRIPT_ERROR: &str = "scripts never fail";
 }
 

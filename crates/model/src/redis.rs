@@ -258,6 +258,22 @@ impl Redis {
         members
     }
 
+    /// Whether `key` exists (and has not expired) at `now`.
+    pub fn exists(&self, key: &str, now: u64) -> bool {
+        self.live(key, now).is_some()
+    }
+
+    /// The keys a command names: every argument of `DEL` and `EXISTS`, none of `TIME` and the
+    /// publishes, the first of every other command in [`COMMANDS`].
+    pub fn command_keys(args: &[String]) -> &[String] {
+        let name = args.first().map(|n| n.to_ascii_uppercase());
+        match name.as_deref() {
+            None | Some("TIME" | "PUBLISH" | "SPUBLISH") => &[],
+            Some("DEL" | "EXISTS") => &args[1..],
+            Some(_) => &args[1..args.len().min(2)],
+        }
+    }
+
     /// Runs one command. `args[0]` is the command name (any case).
     pub fn execute(&mut self, args: &[String], call: &mut Call<'_>) -> Reply {
         match self.run(args, call) {
@@ -418,8 +434,9 @@ impl Redis {
                         .collect(),
                 ))
             }
-            // No shipped script calls HKEYS; the pre-fix acquire of defect 1 did (the
-            // `PreF1Fix` variant).
+            // A grant that takes over a reservation or replaces an orphan, and a fair lock's
+            // hand-on, replace a hash's fields in place (HKEYS, then HSET and HDEL); the
+            // pre-fix acquire of defect 1 read it too (the `PreF1Fix` variant).
             "HKEYS" => {
                 need(1)?;
                 Ok(Reply::Array(

@@ -33,18 +33,30 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local prefix = ARGV[2]
 local read_write = ARGV[3] == 'rw' or held_as == 'rw'
 redis.call('@PUBLISH@', ARGV[1], '@FREE@')
-redis.call('DEL', KEYS[1])
-if read_write and redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
-  redis.call('DEL', KEYS[5])
-end
-if redis.call('TYPE', KEYS[3])['ok'] ~= 'zset' or redis.call('TYPE', KEYS[4])['ok'] ~= 'zset' then
-  return 1
-end
+local line = redis.call('TYPE', KEYS[3])['ok'] == 'zset'
+  and redis.call('TYPE', KEYS[4])['ok'] == 'zset'
 if read_write then
   @RW_COMMON@
-  hand_on(false)
-else
-  local except = false
-  @HAND_ON@
+  -- Every hold goes: the leases at once, the hash last (`finish`), unless a turn reserved for
+  -- the writer first in line replaces its fields (rw/common.lua says why).
+  if redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
+    redis.call('DEL', KEYS[5])
+    gone[5] = true
+  end
+  spent = true
+  if line then
+    hand_on(false)
+  end
+  return finish(1)
 end
+-- A fair lock's first live waiter gets its turn, reserved in the hash in place
+-- (fair/hand_on.lua says why); otherwise the hash is deleted, last.
+if line then
+  local except, leaving = false, false
+  @HAND_ON@
+  if head then
+    return 1
+  end
+end
+redis.call('DEL', KEYS[1])
 return 1

@@ -88,7 +88,7 @@ if free or mine then
     -- Free, but others were first. Their deadlines decide who is still there: the lock goes
     -- to the first live one (reserved and told again, if its message was lost), or to this
     -- owner when it is that one.
-    local except = owner
+    local except, leaving = owner, false
     @HAND_ON@
     first = head
   end
@@ -97,8 +97,20 @@ if free or mine then
     @NEXT_FENCE@
     redis.call('ZREM', KEYS[3], owner)
     redis.call('ZREM', KEYS[4], owner)
-    redis.call('DEL', KEYS[1])
-    redis.call('HSET', KEYS[1], owner, '1', '@FENCE@', fence)
+    if free then
+      redis.call('HSET', KEYS[1], owner, '1', '@FENCE@', fence)
+    else
+      -- A reservation taken, or an orphan replaced: the old fields go but the key stays, for a
+      -- slot that migrates (Redis Cluster) stops a script that deletes a key and writes it
+      -- again ("non local key").
+      local old = redis.call('HKEYS', KEYS[1])
+      redis.call('HSET', KEYS[1], owner, '1', '@FENCE@', fence)
+      for i = 1, #old do
+        if old[i] ~= owner and old[i] ~= '@FENCE@' then
+          redis.call('HDEL', KEYS[1], old[i])
+        end
+      end
+    end
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return fence
   end

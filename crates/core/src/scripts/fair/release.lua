@@ -16,7 +16,9 @@
 -- settling found another count. Error 'WRONGTYPE 1 ...' when the lock key holds another type.
 
 @RELEASE_HOLD@
-redis.call('DEL', KEYS[1])
+-- The last hold goes. The hash is not deleted before the hand-on, which reserves it for the
+-- next waiter's turn in place (hand_on.lua says why); with nobody to hand to it is deleted
+-- last.
 -- A foreign key where the waiters belong must not stop a release: then nobody is handed on.
 local line = redis.call('TYPE', KEYS[3])['ok']
 local deadlines = redis.call('TYPE', KEYS[4])['ok']
@@ -29,7 +31,11 @@ if (line == 'zset' or line == 'none') and (deadlines == 'zset' or deadlines == '
     place = nil
   end
   @KEEP_PLACE@
-  local except = false
+  local except, leaving = false, false
   @HAND_ON@
+  if head then
+    return 0
+  end
 end
+redis.call('DEL', KEYS[1])
 return 0

@@ -53,26 +53,31 @@ if mode == 'r' then
   local fields = redis.call('HMGET', KEYS[1], count_field, fence_field)
   if fields[1] and fields[2] == ARGV[4]
       and (reading or redis.call('HGET', KEYS[1], '@WRITER@') == owner) then
-    redis.call('ZREM', KEYS[3], owner)
-    redis.call('ZREM', KEYS[4], owner)
+    zrem(3, {owner})
+    zrem(4, {owner})
     local count = redis.call('HINCRBY', KEYS[1], count_field, 1)
     extend()
-    return {count, fields[2]}
+    return finish({count, fields[2]})
   end
   mode = 't'
 end
 
 local writer = redis.call('HGET', KEYS[1], '@WRITER@')
 if not reading and writer ~= owner and redis.call('HEXISTS', KEYS[1], READ .. owner) == 1 then
-  return redis.error_reply('UPGRADE the owner holds a read lock: it cannot wait for the write lock')
+  return finish(redis.error_reply(
+    'UPGRADE the owner holds a read lock: it cannot wait for the write lock'))
 end
-local held = redis.call('EXISTS', KEYS[5]) == 1
+-- With no hold, a hash is a reservation; a spent one (its last hold went above) is none.
+local held = has_members(5)
 local reserved_for_me = not held and redis.call('HEXISTS', KEYS[1], '@TURN@' .. owner) == 1
-local reserved = not held and redis.call('EXISTS', KEYS[1]) == 1
+local reserved = not held and not spent and redis.call('EXISTS', KEYS[1]) == 1
 
 -- Is anyone in line before this owner that it must let go first? A writer lets everyone before
 -- it go; a reader, only writers.
 local function someone_before()
+  if gone[3] then
+    return false
+  end
   local mine = redis.call('ZSCORE', KEYS[3], owner)
   local before
   if mine then
@@ -82,7 +87,7 @@ local function someone_before()
     before = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. mine, 'WITHSCORES')
   else
     if not reading then
-      return redis.call('EXISTS', KEYS[3]) == 1
+      return has_members(3)
     end
     before = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
   end
@@ -116,18 +121,30 @@ if may and ARGV[4] == 'n' and redis.call('HEXISTS', KEYS[1], count_field) == 1 t
 end
 
 if may then
-  -- The fence first, before any other write (see acquire.lua).
+  -- The fence first, before any other write (see acquire.lua). Then the new hold's lease: a
+  -- leases zset this script emptied (its last lease ran out just now) cannot be written again
+  -- while the slot migrates (rw/common.lua), and that stops the script there, before the grant
+  -- changed anything else.
   @NEXT_FENCE@
-  if not held then
-    redis.call('DEL', KEYS[1]) -- a reservation
-  end
-  redis.call('ZREM', KEYS[3], owner)
-  redis.call('ZREM', KEYS[4], owner)
-  redis.call('HSET', KEYS[1], count_field, '1', fence_field, fence, '@KIND@', 'rw')
-  if not reading then
-    redis.call('HSET', KEYS[1], '@WRITER@', owner)
-  end
   redis.call('ZADD', KEYS[5], now_ms + lease, count_field)
+  gone[5] = false
+  zrem(3, {owner})
+  zrem(4, {owner})
+  local fields = {count_field, '1', fence_field, fence, '@KIND@', 'rw'}
+  if not reading then
+    fields[#fields + 1] = '@WRITER@'
+    fields[#fields + 1] = owner
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
+  if not held then
+    -- A reservation taken, or a spent hash: its old fields go, the key stays (rw/common.lua).
+    local kept = {['@MODE@'] = true}
+    for i = 1, #fields, 2 do
+      kept[fields[i]] = true
+    end
+    keep_only(kept)
+  end
+  spent = false
   fix_mode()
   keep_until_latest()
   return fence
@@ -142,20 +159,22 @@ if mode == 'w' then
   -- Writers' scores are odd: the line tells readers and writers apart.
   local life, line_step, line_tag = tonumber(ARGV[6]), 2, reading and 0 or 1
   @JOIN_LINE@
+  gone[3], gone[4] = false, false
 end
 
 -- How long this stays so at most without a message to this waiter: until the first hold's
 -- lease or the reservation ends, or the first waiter's entry would lapse (a dead waiter ahead).
-local bound = redis.call('PTTL', KEYS[1])
-local first_hold = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2]
+-- A spent hash is deleted below: -2, as for no hash.
+local bound = spent and -2 or redis.call('PTTL', KEYS[1])
+local first_hold = not gone[5] and redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2]
 if first_hold then
   bound = tonumber(first_hold) - now_ms
 end
-local first_entry = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+local first_entry = not gone[4] and redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
 if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
   bound = tonumber(first_entry) - now_ms
 end
 if mode == 'w' then
-  return {0, math.max(bound, 1), redis.call('ZSCORE', KEYS[3], owner)}
+  return finish({0, math.max(bound, 1), redis.call('ZSCORE', KEYS[3], owner)})
 end
-return {0, math.max(bound, 1)}
+return finish({0, math.max(bound, 1)})

@@ -15,13 +15,15 @@ local prefix = ARGV[2]
 if wrong_type() then
   return 0
 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-if redis.call('EXISTS', KEYS[5]) == 0 and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[1]) == 1 then
-  redis.call('DEL', KEYS[1])
+zrem(3, {ARGV[1]})
+zrem(4, {ARGV[1]})
+if not has_members(5) and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[1]) == 1 then
+  -- Its turn is given up: the hash is spent (a turn reserved for the next writer replaces it;
+  -- otherwise it is deleted last).
+  spent = true
 end
 prune()
-if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[1]) == 0 then
+if has_members(5) or spent or redis.call('EXISTS', KEYS[1]) == 0 then
   hand_on(false)
 end
-return 0
+return finish(0)

@@ -35,7 +35,7 @@ local function refuse(code)
   if pruned then
     hand_on(false)
   end
-  return code
+  return finish(code)
 end
 local fields = redis.call('HMGET', KEYS[1], count_field, fence_field, '@WRITER@')
 local count = fields[1]
@@ -49,7 +49,7 @@ if ARGV[4] ~= '' and count ~= ARGV[4] then
   return refuse(-2)
 end
 if count ~= '1' then
-  return redis.call('HINCRBY', KEYS[1], count_field, -1)
+  return finish(redis.call('HINCRBY', KEYS[1], count_field, -1))
 end
 drop_hold(count_field)
 if keep_until_latest() then
@@ -60,6 +60,9 @@ if place == '' then
   place = nil
 end
 @KEEP_PLACE@
+if place then
+  gone[3], gone[4] = false, false
+end
 prune()
 hand_on(false)
-return 0
+return finish(0)

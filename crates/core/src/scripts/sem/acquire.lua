@@ -39,12 +39,14 @@ end
 
 -- What the waiters before this one want.
 local ahead = 0
-local mine = redis.call('ZSCORE', KEYS[3], id)
-local before
-if mine then
-  before = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. mine)
-else
-  before = redis.call('ZRANGE', KEYS[3], 0, -1)
+local before = {}
+if not gone[3] then
+  local mine = redis.call('ZSCORE', KEYS[3], id)
+  if mine then
+    before = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. mine)
+  else
+    before = redis.call('ZRANGE', KEYS[3], 0, -1)
+  end
 end
 for _, who in ipairs(before) do
   ahead = ahead + wants(who)
@@ -52,14 +54,16 @@ end
 
 if available() - ahead >= n then
   @NEXT_FENCE@
-  redis.call('ZREM', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-  redis.call('HDEL', KEYS[6], id)
-  redis.call('HSET', KEYS[1], member, n, '@READ_FENCE@' .. id, fence)
-  redis.call('HINCRBY', KEYS[1], '@USED@', n)
+  -- The permit's lease right after the fence: a leases zset this script emptied (its last
+  -- permit given back above) cannot be written again while the slot migrates (sem/common.lua),
+  -- and that stops the script there, before the grant changed anything else.
   -- (The leases zset keeps no TTL: like the hash, it lives with the semaphore, and an
   -- expired permit must stay listed until a call gives it back.)
   redis.call('ZADD', KEYS[5], now_ms + lease, member)
+  gone[5] = false
+  drop_waiters({id})
+  redis.call('HSET', KEYS[1], member, n, '@READ_FENCE@' .. id, fence)
+  redis.call('HINCRBY', KEYS[1], '@USED@', n)
   -- The next in line may fit in what is left.
   hand_on(id)
   return fence
@@ -69,6 +73,7 @@ if mode == 'w' then
   local owner, life, line_step, line_tag = id, tonumber(ARGV[6]), 1, 0
   @JOIN_LINE@
   redis.call('HSET', KEYS[6], id, n)
+  gone[3], gone[4], gone[6] = false, false, false
   keep_for(KEYS[6], life + 1000)
 end
 -- Permits there for those before this one (their message may have been lost): tell them.
@@ -77,11 +82,11 @@ hand_on(id)
 -- Until the first permit's lease or the first waiter's entry ends (a holder or a waiter ahead
 -- that died), whichever is first.
 local bound = -1
-local first_permit = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2]
+local first_permit = not gone[5] and redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2]
 if first_permit then
   bound = tonumber(first_permit) - now_ms
 end
-local first_entry = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+local first_entry = not gone[4] and redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
 if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
   bound = tonumber(first_entry) - now_ms
 end

@@ -17,8 +17,38 @@
 -- KEYS[6]  what each waiter wants  P:{N}:wants          id -> number of permits (renewed
 --                                                       with the waiters' entries)
 -- Needs `now_ms` (server time) and `prefix` (the waiter channel prefix P:{N}:released:).
+--
+-- While the slot migrates (Redis Cluster), Redis stops a script half-way ("non local key") at
+-- the first command that names a key the script itself emptied, as a zset whose last member it
+-- removed. So the helpers note the zsets they empty (`gone`) and name them no more. What the
+-- waiters want has an entry per waiter in line: it is taken as emptied with the line. (The
+-- hash is never emptied: it keeps the number of permits and the kind. A script that writes a
+-- zset it emptied, a waiter joining a line that dropping dead entries emptied, is still
+-- stopped there: before its own changes.)
 
 local READ = '@READ@'
+
+-- The keys among KEYS[3..6] that this script emptied (index -> true): they are gone.
+local gone = {}
+
+-- Removes `members` (a list) from the zset KEYS[i], noting when that empties it.
+local function zrem(i, members)
+  if gone[i] or #members == 0 then
+    return
+  end
+  local size = redis.call('ZCARD', KEYS[i])
+  gone[i] = redis.call('ZREM', KEYS[i], unpack(members)) == size
+end
+
+-- Takes waiters (a list of ids) out of the line: their entries, deadlines and wants.
+local function drop_waiters(ids)
+  zrem(3, ids)
+  zrem(4, ids)
+  if not gone[6] and #ids > 0 then
+    redis.call('HDEL', KEYS[6], unpack(ids))
+    gone[6] = gone[3]
+  end
+end
 
 -- The permits not taken (negative when the number was lowered below what is taken).
 local function available()
@@ -41,26 +71,28 @@ local function drop_permit(member)
     redis.call('HINCRBY', KEYS[1], '@USED@', -tonumber(count))
     redis.call('HDEL', KEYS[1], member, '@READ_FENCE@' .. id)
   end
-  redis.call('ZREM', KEYS[5], member)
+  zrem(5, {member})
 end
 
 -- Permits whose lease ran out (their holder crashed or stalled) return to the pool; waiters
 -- whose entry was not renewed (their client is gone) leave the line.
 local function prune()
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, 100)
-  for _, member in ipairs(expired) do
-    drop_permit(member)
+  if not gone[5] then
+    local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, 100)
+    for _, member in ipairs(expired) do
+      drop_permit(member)
+    end
   end
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 100)
-  if #dead > 0 then
-    redis.call('ZREM', KEYS[3], unpack(dead))
-    redis.call('ZREM', KEYS[4], unpack(dead))
-    redis.call('HDEL', KEYS[6], unpack(dead))
+  if not gone[4] then
+    drop_waiters(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 100))
   end
 end
 
 -- What a waiter wants (1 when unknown).
 local function wants(id)
+  if gone[6] then
+    return 1
+  end
   return tonumber(redis.call('HGET', KEYS[6], id) or '1')
 end
 
@@ -70,7 +102,7 @@ end
 local function hand_on(except)
   local left = available()
   local from = 0
-  while left > 0 do
+  while left > 0 and not gone[3] do
     local line = redis.call('ZRANGE', KEYS[3], from, from + 99)
     for _, who in ipairs(line) do
       left = left - wants(who)

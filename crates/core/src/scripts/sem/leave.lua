@@ -12,9 +12,7 @@ local prefix = ARGV[2]
 if wrong_type() then
   return 0
 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
+drop_waiters({ARGV[1]})
 prune()
 hand_on(false)
 return 0

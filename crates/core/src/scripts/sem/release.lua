@@ -39,6 +39,7 @@ end
 @KEEP_PLACE@
 if place then
   redis.call('HSET', KEYS[6], id, wanted)
+  gone[3], gone[4], gone[6] = false, false, false
   keep_for(KEYS[6], place_life + 1000)
 end
 hand_on(false)
