@@ -489,16 +489,7 @@ async fn a_release_whose_reply_was_lost_is_not_resent() {
     );
     // Give a (wrong) resend every chance to happen: wait until the client reconnected and
     // answers again, then look.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        match lock.is_locked().await {
-            Ok(locked) => break assert!(locked),
-            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Err(e) => panic!("client did not come back: {e}"),
-        }
-    }
+    assert!(common::locked_once_answering(&lock).await);
     assert_eq!(
         hget(&redis, "leasehold:{lost-reply}", outer.owner().id()),
         Some(1),

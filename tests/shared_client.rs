@@ -98,16 +98,7 @@ async fn a_release_over_the_applications_client_is_not_resent_after_a_lost_reply
         "the caller learns the outcome is unknown: {result:?}"
     );
     // Give a (wrong) resend every chance: wait until the client reconnected and answers.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        match lock.is_locked().await {
-            Ok(locked) => break assert!(locked),
-            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Err(e) => panic!("the client did not come back: {e}"),
-        }
-    }
+    assert!(common::locked_once_answering(&lock).await);
     assert_eq!(
         hget(&redis, key, outer.owner().id()),
         Some(1),

@@ -366,3 +366,19 @@ pub fn script_calls(server: &RedisServer) -> u64 {
         })
         .sum()
 }
+
+/// Waits (up to 20 s) until `lock`'s client reconnected and answers again, and returns whether
+/// the lock is held then: after an unanswered command, so that a wrong resend had every
+/// chance to happen before the test looks.
+pub async fn locked_once_answering(lock: &leasehold::Lock) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match lock.is_locked().await {
+            Ok(locked) => return locked,
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("the client did not come back: {e}"),
+        }
+    }
+}
