@@ -40,7 +40,9 @@
 //!   before the call began, another began after it returned, and no `try_set_count` that may
 //!   have set a new count (one that returned true, failed or never returned) was under way
 //!   in between: a latch that opened in between would have been counting again at the second
-//!   look only by such a set. No loss of its data in between either.
+//!   look only by such a set. The second look is one that found the count already there: a
+//!   `try_set_count` that set it found the latch open, so it proves the latch counting only
+//!   from its end on. No loss of its data in between either.
 
 use super::*;
 
@@ -69,9 +71,19 @@ pub(super) struct NativeThere<'a> {
     permits_set_at: &'a [(u32, i64)],
     /// Each latch's looks that found it counting, [sent, returned], and the `try_set_count`
     /// calls that may have set a count, [began, returned or for ever].
-    counting: BTreeMap<u32, Vec<(OpKey, i64, i64)>>,
+    counting: BTreeMap<u32, Vec<Look>>,
     sets: BTreeMap<u32, Vec<(OpKey, i64, i64)>>,
     losses: &'a [&'a Fault],
+}
+
+/// A call that found a latch counting: when it was sent and returned, and whether the count it
+/// found was one it set itself (a `try_set_count` that returned true found the latch open).
+#[derive(Clone, Copy)]
+struct Look {
+    key: OpKey,
+    sent: i64,
+    returned: i64,
+    set_it: bool,
 }
 
 impl<'a> NativeThere<'a> {
@@ -87,7 +99,7 @@ impl<'a> NativeThere<'a> {
                 beliefs.entry(op.res).or_default().push((op, from, to));
             }
         }
-        let mut counting: BTreeMap<u32, Vec<(OpKey, i64, i64)>> = BTreeMap::new();
+        let mut counting: BTreeMap<u32, Vec<Look>> = BTreeMap::new();
         let mut sets: BTreeMap<u32, Vec<(OpKey, i64, i64)>> = BTreeMap::new();
         for op in latch_ops.values() {
             let value = op.latch_value;
@@ -99,10 +111,12 @@ impl<'a> NativeThere<'a> {
                 _ => false,
             };
             if let (true, Some(end)) = (looked, op.ended) {
-                counting
-                    .entry(op.res)
-                    .or_default()
-                    .push((op.key, op.begin, end));
+                counting.entry(op.res).or_default().push(Look {
+                    key: op.key,
+                    sent: op.begin,
+                    returned: end,
+                    set_it: matches!(op.latch, Some(LatchCall::Set { .. })) && value == Some(1),
+                });
             }
             if matches!(op.latch, Some(LatchCall::Set { .. })) && value != Some(0) {
                 let end = op.ended.unwrap_or(i64::MAX);
@@ -153,16 +167,17 @@ impl<'a> NativeThere<'a> {
             LockType::Latch => {
                 let looks = self.counting.get(&res)?;
                 let sets = self.sets.get(&res).map_or(&[][..], Vec::as_slice);
-                let before = looks.iter().filter(|(_, _, end)| *end <= from);
-                let after: Vec<_> = looks.iter().filter(|(_, begin, _)| *begin >= to).collect();
+                let before = looks.iter().filter(|a| a.returned <= from);
+                let after: Vec<_> = looks.iter().filter(|b| b.sent >= to && !b.set_it).collect();
                 // A set that may have run between the two looks (other than either of them).
-                let set_between = |a: &(OpKey, i64, i64), b: &(OpKey, i64, i64)| {
-                    sets.iter()
-                        .any(|(key, s, e)| *key != a.0 && *key != b.0 && *s < b.2 && *e > a.1)
+                let set_between = |a: &Look, b: &Look| {
+                    sets.iter().any(|(key, s, e)| {
+                        *key != a.key && *key != b.key && *s < b.returned && *e > a.sent
+                    })
                 };
                 before
                     .flat_map(|a| after.iter().map(move |b| (a, *b)))
-                    .any(|(a, b)| !set_between(a, b) && !self.lost(res, a.1, b.2))
+                    .any(|(a, b)| !set_between(a, b) && !self.lost(res, a.sent, b.returned))
                     .then_some("the latch counting before and after, no count set between")
             }
             _ => None,
@@ -515,8 +530,32 @@ pub(in crate::checker) mod tests {
         assert_eq!(run(&h, &[], &[]).count(FOREIGN_NOT_REFUSED), 1);
         // A count set between the looks: the latch may have opened and counted again.
         let set = latch_call(1, LATCH, LatchCall::Set { count: 2 }, 250, 260, 1);
-        let h = [history(0, looks), history(1, foreign), history(2, set)];
+        let h = [
+            history(0, looks.clone()),
+            history(1, foreign.clone()),
+            history(2, set),
+        ];
         assert!(run(&h, &[], &[]).passed());
+    }
+
+    /// The latch opened during the attempt, the name was free and taken, and the next look
+    /// was the `try_set_count` that set a new count: that look found the latch open, so it
+    /// proves nothing about the time before it.
+    #[test]
+    fn a_count_set_by_the_second_look_does_not_prove_the_latch_counting_before_it() {
+        let before = latch_call(1, LATCH, LatchCall::CountDown, 100, 110, 1);
+        let lock_on_it = attempt(1, LATCH, AskedAs::Lock, 200, granted(1, 300));
+        let set_after = latch_call(2, LATCH, LatchCall::Set { count: 2 }, 400, 410, 1);
+        let h = [
+            history(0, [before.clone(), set_after].concat()),
+            history(1, lock_on_it.clone()),
+        ];
+        let report = run(&h, &[], &[]);
+        assert_eq!(report.count(FOREIGN_GRANTED), 0, "{report}");
+        // A try_set_count that found the latch counting (it returned false) does prove it.
+        let found = latch_call(2, LATCH, LatchCall::Set { count: 2 }, 400, 410, 0);
+        let h = [history(0, [before, found].concat()), history(1, lock_on_it)];
+        assert_eq!(run(&h, &[], &[]).count(FOREIGN_GRANTED), 1);
     }
 
     #[test]
