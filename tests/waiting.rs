@@ -465,3 +465,63 @@ async fn a_bounded_wait_on_a_dead_link_says_unreachable() {
         "an unreachable Redis: {waited:?}"
     );
 }
+
+/// A waiter's SUBSCRIBE is written, then the server stops answering before the confirming PING
+/// comes back (a pause, a slow failover): the subscribe's outcome is unknown, and the
+/// subscription may be in Redis. The waiter gives up; when its channel goes idle the client
+/// must unsubscribe it all the same, not leave a subscription nobody wants on its connection.
+///
+/// The pause is made in that window by the subscriber's test hook
+/// (`leasehold_pubsub::set_subscribed_hook`), which runs after the `SUBSCRIBE` reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_whose_confirmation_went_unanswered_is_undone_when_its_waiter_leaves() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use futures::FutureExt;
+
+    let redis = Arc::new(server());
+    let holder = client(&redis.url()).await;
+    let waiter = LockClient::builder(&redis.url())
+        .command_timeout(Duration::from_millis(300))
+        .subscription_linger(Duration::ZERO)
+        .build()
+        .await
+        .expect("connect");
+    let name = "unanswered-confirmation";
+    let channel = format!("leasehold:{{{name}}}:released");
+    let held = holder.lock(name).unwrap();
+    let guard = held.lock().await.unwrap();
+    let paused = Arc::new(AtomicBool::new(false));
+    leasehold_pubsub::set_subscribed_hook(Some(Arc::new({
+        let (redis, channel, paused) = (redis.clone(), channel.clone(), paused.clone());
+        move |_: &fred::clients::SubscriberClient, subscribed: &str| {
+            if subscribed != channel || paused.swap(true, Ordering::SeqCst) {
+                return futures::future::ready(()).boxed();
+            }
+            // Every command after this one waits 1.5 s: the PING outlives its 300 ms timeout.
+            let redis = redis.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    cmd(&redis, &["CLIENT", "PAUSE", "1500", "ALL"])
+                })
+                .await
+                .expect("paused");
+            }
+            .boxed()
+        }
+    })));
+    let lock = waiter.lock(name).unwrap();
+    let got = lock
+        .try_lock_for(Duration::from_millis(600))
+        .await
+        .map(|g| g.is_some());
+    leasehold_pubsub::set_subscribed_hook(None);
+    assert!(paused.load(Ordering::SeqCst), "the hook ran");
+    assert!(
+        !matches!(got, Ok(true)),
+        "the lock is held by another client: {got:?}"
+    );
+    // Once the pause is over, Redis has run the SUBSCRIBE: the idle channel must be undone.
+    assert_nothing_left(&redis, &waiter, &channel).await;
+    guard.unlock().await.unwrap();
+}

@@ -27,6 +27,6 @@ mod notifier;
 mod queue;
 
 #[doc(hidden)]
-pub use notifier::{set_shard_subscribed_hook, ShardSubscribedHook};
+pub use notifier::{set_subscribed_hook, SubscribedHook};
 pub use notifier::{NotifierSettings, ReleaseNotifier, SHARD_CHECK};
 pub use queue::Place;

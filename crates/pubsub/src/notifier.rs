@@ -287,16 +287,23 @@ pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &Arc<Channel>) -> Res
 
 async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), LockError> {
     let mut in_redis = channel.redis_state.lock().await;
+    if channel.is_subscribed() {
+        return Ok(()); // another waiter's subscribe ran while this one waited for the lock
+    }
     // Held until the channel is marked below: a resubscribe after a reconnect, which takes
     // `sending` too, then counts this channel as wanted rather than stale.
     let _sending = inner.sending.lock().await;
-    if !*in_redis && inner.settings.sharded {
+    // From the moment the command is written, the subscription may be in Redis whatever the
+    // answer says (a reply lost to a timeout or a dropped connection): `in_redis` says "may be",
+    // so that the channel's unsubscribe, when its last waiter leaves, sends UNSUBSCRIBE for it.
+    // Only a refusal proves it is not there.
+    *in_redis = true;
+    if inner.settings.sharded {
         // No PING needed: see shard_subscribe.
         shard_subscribe(&inner.subscriber, &channel)
             .await
             .map_err(LockError::from_redis)?;
-        *in_redis = true;
-    } else if !*in_redis {
+    } else {
         // Taken before the SUBSCRIBE: a reconnect between it and the PING is seen.
         let mut reconnects = inner.subscriber.reconnect_rx();
         inner
@@ -304,12 +311,14 @@ async fn subscribe_task(inner: Arc<Inner>, channel: Arc<Channel>) -> Result<(), 
             .subscribe(channel.name.as_str())
             .await
             .map_err(LockError::from_redis)?;
-        *in_redis = true;
+        subscribed_hook(&inner.subscriber, &channel.name).await;
         // fred answers SUBSCRIBE as soon as it is written, before Redis ran it. A PING on the
         // same connection is answered only after it: from then on a release reaches us, which
         // is what the waiter's next try counts on. A refused SUBSCRIBE (ACL) must fail here.
         if let Err(error) = confirm_subscribed(&inner.subscriber, &mut reconnects).await {
-            *in_redis = false;
+            if matches!(error, LockError::PermissionDenied(_)) {
+                *in_redis = false;
+            }
             return Err(error);
         }
     }
@@ -642,31 +651,33 @@ async fn shard_subscribe(
         subscriber.ssubscribe(channel.name.as_str())
     })
     .await?;
-    shard_subscribed(subscriber, &channel.name).await;
+    subscribed_hook(subscriber, &channel.name).await;
     *channel.shard_owner.lock() = sent_to.into_inner();
     Ok(())
 }
 
-/// A test's pause between a shard subscription's reply and what [`shard_subscribe`] does next
-/// (see [`set_shard_subscribed_hook`]).
+/// A test's pause between a subscription's reply and what the subscriber does next (see
+/// [`set_subscribed_hook`]).
 #[doc(hidden)]
-pub type ShardSubscribedHook =
+pub type SubscribedHook =
     Arc<dyn Fn(&SubscriberClient, &str) -> BoxFuture<'static, ()> + Send + Sync>;
 
-static SHARD_SUBSCRIBED_HOOK: Mutex<Option<ShardSubscribedHook>> = Mutex::new(None);
+static SUBSCRIBED_HOOK: Mutex<Option<SubscribedHook>> = Mutex::new(None);
 
 /// For tests, not part of the API: `hook` runs (with the subscriber and the channel) right
-/// after every `SSUBSCRIBE` reply, before [`shard_subscribe`] goes on, in every client of the
-/// process; `None` removes it. Without it that window lasts as long as the task takes to be
-/// polled after fred hands over the reply: a test that moves the channel's slot there checks
-/// that the slot follower still subscribes again at the new owner.
+/// after every `SSUBSCRIBE` reply, before [`shard_subscribe`] goes on, and after every
+/// `SUBSCRIBE` reply, before the confirming PING, in every client of the process; `None`
+/// removes it. Without it those windows last as long as the task takes to be polled after fred
+/// hands over the reply, and no fault from outside the client lands there on purpose: a test
+/// that moves the channel's slot there checks that the slot follower still subscribes again at
+/// the new owner; one that pauses the server there checks what an unanswered PING leaves.
 #[doc(hidden)]
-pub fn set_shard_subscribed_hook(hook: Option<ShardSubscribedHook>) {
-    *SHARD_SUBSCRIBED_HOOK.lock() = hook;
+pub fn set_subscribed_hook(hook: Option<SubscribedHook>) {
+    *SUBSCRIBED_HOOK.lock() = hook;
 }
 
-async fn shard_subscribed(subscriber: &SubscriberClient, channel: &str) {
-    let hook = SHARD_SUBSCRIBED_HOOK.lock().clone();
+async fn subscribed_hook(subscriber: &SubscriberClient, channel: &str) {
+    let hook = SUBSCRIBED_HOOK.lock().clone();
     if let Some(hook) = hook {
         hook(subscriber, channel).await;
     }
