@@ -28,7 +28,7 @@ servers_venv := justfile_directory() / ".venv-servers"
 
 # The suites `just test-on` runs: every lock kind, waiting, the watchdog, the defects' tests,
 # security, one-node and multi-node clusters, Sentinel, replica sync, what a server lacks.
-lock_suites := "reentrant non_reentrant fair_lock rw_lock semaphore multi_lock red_lock waiting watchdog defects security cluster properties schedule metrics cluster_nodes replica_sync deployment_urls server_matrix shared_client"
+lock_suites := "reentrant non_reentrant fair_lock rw_lock semaphore multi_lock red_lock waiting watchdog defects security cluster properties schedule metrics cluster_nodes replica_sync deployment_urls server_matrix shared_client timer_waking"
 
 # The part of them `just test` runs on Redis 6.2 and on Valkey 9.1 too, after the whole suite
 # on Redis 7.0: the suites whose outcome depends on the server (the scripts of every lock kind,
@@ -36,7 +36,7 @@ lock_suites := "reentrant non_reentrant fair_lock rw_lock semaphore multi_lock r
 # about 85 s a server on the 2-core machine, where `lock_suites` takes 145 s. Left out there:
 # `defects` (29 s), `watchdog` (12 s), `red_lock` (7 s), `schedule`, `properties`, `metrics`
 # (the library's own logic over the same scripts) and the chaos run.
-ci_matrix_suites := "reentrant non_reentrant fair_lock rw_lock semaphore multi_lock waiting security cluster cluster_nodes replica_sync deployment_urls server_matrix shared_client"
+ci_matrix_suites := "reentrant non_reentrant fair_lock rw_lock semaphore multi_lock waiting security cluster cluster_nodes replica_sync deployment_urls server_matrix shared_client timer_waking"
 
 # The facade's suites `just test` runs again without its default features (no metrics, no TLS):
 # the ones whose code depends on them (metrics off, `rediss://` refused, TLS-less URLs) and two

@@ -18,6 +18,7 @@ use leasehold_watchdog::{ScriptRenewer, Watchdog, WatchdogConfig};
 use crate::client::{ClientInner, LockClient};
 use crate::connect::{connect, quit_in_background};
 use crate::server_id::ServerIdentity;
+use crate::waking::{Waking, WakingState};
 
 /// Default lease of watched holds: 30 s, renewed every 10 s (Redisson's `lockWatchdogTimeout`).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -64,6 +65,33 @@ async fn has_command(redis: &Redis, command: &'static str, timeout: Duration) ->
         Err(_) => return Err(LockError::Timeout),
     };
     Ok(matches!(&reply, Value::Array(entries) if entries.first().is_some_and(|e| !e.is_null())))
+}
+
+/// Whether the server refuses the client's `PUBLISH` on its own channels (`NOPERM`: an ACL user
+/// without the channel rights). The probe publishes an empty message on a channel no lock uses
+/// (`PREFIX:{leasehold}:probe`), which reaches nobody.
+async fn publish_refused(
+    redis: &Redis,
+    prefix: &Prefix,
+    sharded: bool,
+    timeout: Duration,
+) -> Result<bool> {
+    use fred::types::{ClusterHash, CustomCommand, Value};
+    let channel = format!("{}:{{leasehold}}:probe", prefix.as_str());
+    let command = if sharded {
+        CustomCommand::new_static("SPUBLISH", ClusterHash::FirstKey, false)
+    } else {
+        CustomCommand::new_static("PUBLISH", ClusterHash::Random, false)
+    };
+    let publish = redis.custom::<Value, _>(command, vec![channel.as_str(), ""]);
+    match tokio::time::timeout(timeout, publish).await {
+        Ok(Ok(_)) => Ok(false),
+        Ok(Err(error)) => match LockError::from_redis(error) {
+            LockError::PermissionDenied(_) => Ok(true),
+            error => Err(error),
+        },
+        Err(_) => Err(LockError::Timeout),
+    }
 }
 
 /// Checks at build that the server runs the command the replica sync policy sends after every
@@ -218,6 +246,7 @@ pub struct LockClientBuilder {
     sharded_pubsub: bool,
     server_name: Option<String>,
     max_hold: Option<Duration>,
+    waking: Waking,
 }
 
 /// Shows the server, never the credentials in the fred `Config`.
@@ -240,6 +269,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("sharded_pubsub", &self.sharded_pubsub)
             .field("server_name", &self.server_name)
             .field("max_hold", &self.max_hold)
+            .field("waking", &self.waking)
             .finish_non_exhaustive()
     }
 }
@@ -261,6 +291,7 @@ impl LockClientBuilder {
             sharded_pubsub: true,
             server_name: None,
             max_hold: None,
+            waking: Waking::Auto,
         }
     }
 
@@ -306,6 +337,29 @@ impl LockClientBuilder {
     /// Every client of one deployment should use the same value.
     pub fn turn_grace(mut self, grace: Duration) -> Self {
         self.turn_grace = grace;
+        self
+    }
+
+    /// How waiters learn that what they wait for may be free (default [`Waking::Auto`]: release
+    /// messages over pub/sub, and a timer where the deployment refuses pub/sub).
+    ///
+    /// [`Waking::Timer`] needs no pub/sub at all, for proxies and services without it: every
+    /// kind of lock works the same, a waiter noticing a release only at its next look (up to
+    /// the timer's longest delay later). See [`Waking`] for the trade-off.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> leasehold::Result<()> {
+    /// use leasehold::{LockClient, Waking};
+    ///
+    /// // Behind a proxy that refuses SUBSCRIBE.
+    /// let client = LockClient::builder("redis://proxy:6379")
+    ///     .waking(Waking::timer())
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn waking(mut self, waking: Waking) -> Self {
+        self.waking = waking;
         self
     }
 
@@ -469,6 +523,7 @@ impl LockClientBuilder {
                 ))
             })?;
         }
+        self.waking.validate()?;
         if self.server_name.as_deref().is_some_and(str::is_empty) {
             return Err(LockError::InvalidArgument(
                 "a server name must not be empty".into(),
@@ -556,9 +611,28 @@ impl LockClientBuilder {
         let sharded = redis.is_clustered()
             && self.sharded_pubsub
             && Box::pin(has_command(&redis, "SPUBLISH", self.command_timeout)).await?;
+        // Whether the server refuses our PUBLISH (an ACL without channel rights): then the
+        // scripts publish nothing, or every release would fail. Asked only where a refusal
+        // changes something: with Waking::PubSub it stays an error.
+        let silent = self.waking != Waking::PubSub
+            && Box::pin(publish_refused(
+                &redis,
+                &prefix,
+                sharded,
+                self.command_timeout,
+            ))
+            .await?;
+        if silent && self.waking == Waking::Auto {
+            tracing::warn!(
+                "the server refuses PUBLISH on leasehold's channels: waiters are woken by a                  timer (a release is noticed up to {:?} late); grant the channel rights                  (&{}:*), or choose Waking::Timer to say so",
+                Waking::TIMER_MAX,
+                prefix.as_str()
+            );
+        }
         let protocol = Protocol {
             turn_grace: self.turn_grace,
             sharded,
+            silent,
         };
         let scripts = Scripts::for_protocol(protocol);
         match tokio::time::timeout(self.command_timeout, preload_scripts(&redis, &scripts)).await {
@@ -614,6 +688,7 @@ impl LockClientBuilder {
                 metrics: KindMetrics::register(),
                 replica_sync: self.replica_sync,
                 server,
+                waking: WakingState::new(self.waking, silent),
             }),
         })
     }

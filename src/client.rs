@@ -105,6 +105,8 @@ pub(crate) struct ClientInner {
     pub(crate) replica_sync: ReplicaSync,
     /// The server's identity, as a multi-lock orders its members by.
     pub(crate) server: ServerIdentity,
+    /// How waiters are woken: messages, or a timer ([`crate::Waking`]).
+    pub(crate) waking: crate::waking::WakingState,
 }
 
 impl Drop for ClientInner {
@@ -318,6 +320,13 @@ impl LockClient {
     /// Release channels this client is subscribed to right now (lingering ones included).
     pub fn subscribed_channels(&self) -> usize {
         self.inner.notifier.subscribed_channels()
+    }
+
+    /// Whether this client's waiters are woken by a timer rather than by release messages:
+    /// chosen with [`Waking::Timer`](crate::Waking::Timer), or taken by
+    /// [`Waking::Auto`](crate::Waking::Auto) when the server refused pub/sub.
+    pub fn wakes_by_timer(&self) -> bool {
+        self.inner.waking.by_timer()
     }
 
     /// The hold table's counters.

@@ -68,6 +68,7 @@ pub mod schedule;
 mod semaphore;
 mod server_id;
 mod wait;
+mod waking;
 
 pub use builder::{
     LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_LEASE, DEFAULT_SUBSCRIPTION_LINGER,
@@ -86,3 +87,4 @@ pub use multi_lock::{MultiLock, MultiLockGuard};
 pub use red_lock::{QuorumGuard, QuorumLock, QuorumToken, RedLock, DEFAULT_SERVER_TIMEOUT};
 pub use rw_lock::RwLock;
 pub use semaphore::{Permit, Semaphore};
+pub use waking::Waking;

@@ -27,6 +27,10 @@
 //! link to a far region: the subscriber's connect takes several round trips) does not make a
 //! busy lock look like an unreachable Redis.
 //!
+//! Without pub/sub ([`crate::Waking::Timer`], or [`crate::Waking::Auto`] once the server
+//! refused it) step 2 registers nothing and step 3 sleeps on a timer instead of a message: a
+//! capped exponential backoff with jitter, never past the busy bound ([`crate::waking`]).
+//!
 //! A kind of lock plugs in by implementing [`Attempt`] with its own scripts.
 
 use std::future::Future;
@@ -133,6 +137,8 @@ pub(crate) struct Wait<'a> {
     /// When a message last woke this waiter, until its next try was answered busy: a grant
     /// after it is a handoff (`leasehold_handoff_seconds`).
     woken_at: Option<Instant>,
+    /// The timer's delays, when this client waits without pub/sub.
+    timer: crate::waking::TimerDelays,
 }
 
 impl Drop for Wait<'_> {
@@ -193,6 +199,27 @@ impl<'a> Wait<'a> {
             answered: false,
             granted: None,
             woken_at: None,
+            timer: client.waking.delays(),
+        }
+    }
+
+    /// Whether this client's waiters sleep on a timer rather than on messages.
+    fn by_timer(&self) -> bool {
+        self.client.waking.by_timer()
+    }
+
+    /// Sleeps the timer's next delay after a busy answer, but never past `busy_for` (the
+    /// holder's remaining lease: the lock may be free then) or the deadline. A local wake-up
+    /// (another waiter of this client left the head) cuts it short.
+    async fn sleep_on_timer(&mut self, busy_for: Option<Duration>) {
+        let mut delay = self.timer.next();
+        if let Some(bound) = busy_for {
+            delay = delay.min(bound + Duration::from_millis(1));
+        }
+        let wake_at = self.capped(delay);
+        tokio::select! {
+            _ = self.place().woken() => {}
+            _ = tokio::time::sleep_until(wake_at) => {}
         }
     }
 
@@ -212,6 +239,9 @@ impl<'a> Wait<'a> {
     /// Registers interest (subscribes the channel). A transient failure is kept as the last
     /// error and waited out with backoff.
     pub(crate) async fn register_interest(&mut self) -> Result<()> {
+        if self.by_timer() {
+            return Ok(());
+        }
         let subscribe = self.place().subscribe();
         let result = match self.deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, subscribe)
@@ -229,6 +259,8 @@ impl<'a> Wait<'a> {
                 self.backoff_after(error).await;
                 Ok(())
             }
+            // A refused SUBSCRIBE turns a `Waking::Auto` client to the timer.
+            Err(error) if self.client.waking.subscribe_refused(&error) => Ok(()),
             Err(error) => Err(error),
         }
     }
@@ -403,6 +435,8 @@ async fn wait_for<A: Attempt>(
         if wait.place().is_subscribed() {
             let since = wait.place().epoch();
             let _woken = wait.sleep(Some(busy_for), since).await;
+        } else if wait.by_timer() {
+            wait.sleep_on_timer(Some(busy_for)).await;
         } else {
             wait.register_interest().await?;
         }
@@ -438,6 +472,8 @@ async fn wait_for<A: Attempt>(
                 }
                 if waiter.is_some() {
                     wait.sleep_while_busy(busy_for, grace, epoch).await;
+                } else if wait.by_timer() {
+                    wait.sleep_on_timer(busy_for).await;
                 } else {
                     // A release published before the subscription reached nobody, so the lock
                     // is tried again (as a waiter) at once when it is active.

@@ -554,9 +554,19 @@ async fn missing_rights_are_permission_denied() {
     );
     guard.unlock().await.unwrap();
 
-    // A channel refused: the waiter cannot subscribe, and the release cannot publish.
-    let holder = connect_as(&redis, "nopublish", "pw").await.unwrap();
-    let waiter = connect_as(&redis, "nopublish", "pw").await.unwrap();
+    // A channel refused, with waking by messages only (`Waking::PubSub`; the default wakes
+    // by timer there, see tests/timer_waking.rs): the waiter cannot subscribe, and the release
+    // cannot publish.
+    let strict = || async {
+        LockClient::builder(&format!("redis://nopublish:pw@127.0.0.1:{}", redis.port()))
+            .lease(Duration::from_secs(3))
+            .waking(leasehold::Waking::PubSub)
+            .build()
+            .await
+            .unwrap()
+    };
+    let holder = strict().await;
+    let waiter = strict().await;
     let guard_lock = holder.lock("c").unwrap();
     let guard = guard_lock.try_lock().await.unwrap().unwrap();
     // A refused SUBSCRIBE: fred's `subscribe()` returns as soon as it is written, so the PING

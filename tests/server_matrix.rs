@@ -218,24 +218,32 @@ async fn replica_sync_is_refused_at_build_for_a_user_without_the_permission() {
 }
 
 /// A server that refuses `SUBSCRIBE` (renamed away here; some proxies and managed services
-/// answer "unknown command"): the build succeeds and locks that need no wait work, and a wait
-/// on a held lock fails at once with the server's refusal instead of sleeping until the
-/// holder's 30 s lease runs out. Waiting needs pub/sub.
+/// answer "unknown command"): the build succeeds and locks that need no wait work. With waking
+/// by messages only (`Waking::PubSub`) a wait on a held lock fails at once with the server's
+/// refusal instead of sleeping until the holder's 30 s lease runs out; by default
+/// (`Waking::Auto`) the client turns to waking by timer, and the waiter gets the lock soon
+/// after its release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_subscribe_waits_fail_at_once_and_free_locks_are_granted() {
+async fn without_subscribe_waits_fail_at_once_or_turn_to_the_timer() {
     let server = RedisServer::builder()
         .args(["--rename-command", "SUBSCRIBE", ""])
         .start()
         .unwrap_or_else(|e| panic!("cannot start a server without SUBSCRIBE: {e}"));
     let lease = Duration::from_secs(30);
-    let client = || async {
-        LockClient::builder(&server.url())
-            .lease(lease)
-            .build()
-            .await
-            .expect("the build needs no SUBSCRIBE")
+    let url = server.url();
+    let client = |waking| {
+        let url = url.clone();
+        async move {
+            LockClient::builder(&url)
+                .lease(lease)
+                .waking(waking)
+                .build()
+                .await
+                .expect("the build needs no SUBSCRIBE")
+        }
     };
-    let (a, b) = (client().await, client().await);
+    let a = client(leasehold::Waking::PubSub).await;
+    let b = client(leasehold::Waking::PubSub).await;
     let held = a.lock("no-subscribe").unwrap();
     let guard = held.try_lock().await.unwrap().expect("free");
     let lock = b.lock("no-subscribe").unwrap();
@@ -266,7 +274,37 @@ async fn without_subscribe_waits_fail_at_once_and_free_locks_are_granted() {
             "failed at once, not after {took:?}"
         );
     }
+    // By default the refusal turns the waiting client to the timer.
+    let c = client(leasehold::Waking::Auto).await;
+    let waiting = {
+        let lock = c.lock("no-subscribe").unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(20))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.wakes_by_timer() {
+        assert!(
+            Instant::now() < deadline,
+            "the refused SUBSCRIBE turned nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released = Instant::now();
     guard.unlock().await.unwrap();
+    let got = waiting
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("granted after the release");
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken by the timer, not by the 30 s lease: {:?}",
+        released.elapsed()
+    );
+    got.unlock().await.unwrap();
     let free = lock.try_lock_for(Duration::from_secs(2)).await.unwrap();
     free.expect("a free lock is granted without waiting")
         .unlock()

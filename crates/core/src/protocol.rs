@@ -112,6 +112,10 @@ pub struct Protocol {
     /// Cluster 7+, so that a message reaches only the nodes of the lock's shard. Otherwise
     /// `PUBLISH`, which a cluster sends to every node.
     pub sharded: bool,
+    /// The scripts publish nothing: the server refuses the client's `PUBLISH` (an ACL without
+    /// channel rights), and its waiters wake by timer. Every `PUBLISH` call of a script is then
+    /// a no-op (`select(1, channel, message)`), so that one script text serves both.
+    pub silent: bool,
 }
 
 impl Default for Protocol {
@@ -119,6 +123,7 @@ impl Default for Protocol {
         Protocol {
             turn_grace: DEFAULT_TURN_GRACE,
             sharded: false,
+            silent: false,
         }
     }
 }

@@ -166,7 +166,7 @@ const MAX_NOT_RUN_PAUSE: Duration = Duration::from_millis(50);
 /// Replaces the protocol placeholders of a script file.
 fn fill(template: &str, protocol: &Protocol) -> String {
     let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
-    let lua = template
+    let mut lua = template
         .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@JOIN_LINE@", files::JOIN_LINE)
         .replace("@KEEP_PLACE@", files::KEEP_PLACE)
@@ -188,15 +188,19 @@ fn fill(template: &str, protocol: &Protocol) -> String {
         .replace("@EXPIRING@", EXPIRING_FIELD)
         .replace("@FREE@", FREE_PAYLOAD)
         .replace("@TAKEN@", TAKEN_PAYLOAD)
-        .replace("@GRACE_MS@", &grace_ms)
-        .replace(
-            "@PUBLISH@",
-            if protocol.sharded {
-                "SPUBLISH"
-            } else {
-                "PUBLISH"
-            },
-        );
+        .replace("@GRACE_MS@", &grace_ms);
+    if protocol.silent {
+        // Evaluates the channel and message as the call would, and sends nothing.
+        lua = lua.replace("redis.call('@PUBLISH@',", "select(1,");
+    }
+    let lua = lua.replace(
+        "@PUBLISH@",
+        if protocol.sharded {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        },
+    );
     debug_assert!(!lua.contains('@'), "a placeholder was left unfilled");
     lua
 }
@@ -394,5 +398,15 @@ mod tests {
             assert!(!script.lua().contains("'PUBLISH'"), "{}", script.lua());
         }
         assert!(sharded.release.lua().contains("redis.call('SPUBLISH'"));
+        // A client whose server refuses PUBLISH: no script publishes, each still evaluates
+        // what it would have sent.
+        let silent = Scripts::new(Protocol {
+            silent: true,
+            ..Protocol::default()
+        });
+        for script in silent.all() {
+            assert!(!script.lua().contains("PUBLISH"), "{}", script.lua());
+        }
+        assert!(silent.release.lua().contains("select(1, ARGV[2]"));
     }
 }
