@@ -3,6 +3,10 @@
 //! and partitions, paused and killed clients, Redis restarts with data loss, Redis paused,
 //! killed connections); every step is recorded, and a checker looks for violations afterwards.
 //!
+//! Every third client (2, 5, ...) wakes its waiters by a timer (`Waking::timer()`, no
+//! subscriber), the others by release messages, on the same names at once: the rules below
+//! hold for both, and each one's releases must reach the other's waiters.
+//!
 //! ```text
 //! leasehold-chaos run --duration 120s --clients 5 --seed 42   # exit 1 on any violation
 //! leasehold-chaos check DIR                                    # re-check a kept history

@@ -266,6 +266,18 @@ async fn run(config: WorkerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How client `client` wakes its waiters: every third client (2, 5, ...) by timer, without a
+/// subscriber, the others by release messages. Both ways run against the same names at once:
+/// a timer client's releases must still wake the others, and the same rules hold for its
+/// waiters (the timer's longest delay is well within the free-lock bound).
+pub fn waking_of(client: u32) -> leasehold::Waking {
+    if client % 3 == 2 {
+        leasehold::Waking::timer()
+    } else {
+        leasehold::Waking::PubSub
+    }
+}
+
 /// Connects (to the one server through the client's proxy, or as a cluster client from the
 /// seeds), retrying while a fault keeps Redis unreachable (fred fails fast at connect).
 async fn connect(config: &WorkerConfig) -> anyhow::Result<LockClient> {
@@ -282,6 +294,7 @@ async fn connect(config: &WorkerConfig) -> anyhow::Result<LockClient> {
             .prefix(config.prefix.clone())
             .lease(config.lease)
             .command_timeout(config.command_timeout)
+            .waking(waking_of(config.client))
             .build()
             .await;
         match built {
