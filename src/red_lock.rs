@@ -379,6 +379,9 @@ impl QuorumLock {
             }
         }
         let mut backoff = Duration::from_millis(10);
+        // Set once a member's client wakes by timer (no pub/sub there): its delays then cap
+        // the wait for a release, as a single lock's waiter's.
+        let mut timer = None;
         loop {
             let last = deadline.is_some_and(|d| d <= Instant::now());
             let refused = match self.round(lease).await {
@@ -405,9 +408,19 @@ impl QuorumLock {
             } else if held {
                 backoff = Duration::from_millis(10);
                 // +1 ms: PTTL rounds down. No bound known: look again every second.
-                refused
+                let bound = refused
                     .busy_for
-                    .map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1))
+                    .map_or(Duration::from_secs(1), |t| t + Duration::from_millis(1));
+                if timer.is_none() {
+                    timer = self
+                        .locks
+                        .iter()
+                        .find(|lock| lock.client().waking.by_timer())
+                        .map(|lock| lock.client().waking.delays());
+                }
+                timer
+                    .as_mut()
+                    .map_or(bound, |timer| timer.next().min(bound))
             } else {
                 jitter(refused.took)
             };
@@ -446,11 +459,16 @@ impl QuorumLock {
     /// per-server timeout (a server that fails is tried again after the next round; its
     /// releases are then caught by the timer). True when some channel was newly subscribed.
     async fn subscribe(&self, places: &[Place]) -> bool {
-        let pending = places.iter().filter(|place| !place.is_subscribed());
-        let subscribes = pending.map(|place| async move {
+        let pending = places
+            .iter()
+            .zip(&self.locks)
+            .filter(|(place, lock)| !place.is_subscribed() && !lock.client().waking.by_timer());
+        let subscribes = pending.map(|(place, lock)| async move {
             match tokio::time::timeout(self.server_timeout, place.subscribe()).await {
                 Ok(Ok(())) => true,
                 Ok(Err(error)) => {
+                    // A refusal turns a `Waking::Auto` client to the timer.
+                    lock.client().waking.subscribe_refused(&error);
                     tracing::debug!(lock = %self.name, %error, "subscribe failed; the timer stands in");
                     false
                 }

@@ -317,3 +317,44 @@ async fn timer_delays_are_checked_at_build() {
         Err(leasehold::LockError::InvalidArgument(_))
     ));
 }
+
+/// A RedLock over clients that wake by timer: the waiter gets the quorum soon after the
+/// holder's release, not at the end of its 30 s lease, with no subscription on any server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_red_lock_over_timer_clients_is_woken_by_the_timer() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| server()).collect();
+    let clients = || async {
+        let mut clients = Vec::new();
+        for redis in &servers {
+            clients.push(build(&redis.url(), Waking::timer()).await);
+        }
+        leasehold::RedLock::new(clients).unwrap()
+    };
+    let (holder, waiter) = (clients().await, clients().await);
+    let held = holder.lock("quorum").unwrap();
+    let guard = held.lock().await.unwrap();
+    let wanted = waiter.lock("quorum").unwrap();
+    let waiting = async {
+        let started = std::time::Instant::now();
+        let got = wanted.lock().await;
+        (got, started.elapsed())
+    };
+    let release = async {
+        a_while().await;
+        guard.unlock().await.unwrap();
+    };
+    let ((got, waited), ()) = tokio::time::timeout(Duration::from_secs(20), async {
+        tokio::join!(waiting, release)
+    })
+    .await
+    .expect("the waiter was granted within 20 s");
+    let got = got.expect("granted");
+    assert!(
+        waited < Duration::from_secs(10),
+        "woken by the timer, not by the 30 s lease: {waited:?}"
+    );
+    got.unlock().await.unwrap();
+    for redis in &servers {
+        assert_eq!(redis.command_calls("subscribe").unwrap(), 0, "no SUBSCRIBE");
+    }
+}
