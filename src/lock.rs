@@ -1,7 +1,7 @@
 //! [`Lock`]: a handle on one named lock, and every way to acquire it.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -387,6 +387,7 @@ impl Lock {
             entry: None,
             permits: self.permits,
             place: AtomicI64::new(NO_PLACE),
+            ahead: AtomicU64::new(NO_RANK),
         };
         // The first try's ticket is taken in the same look at the table that reads what the
         // acquire must know (one look on the hot path). It is let go before any local wait,
@@ -538,10 +539,14 @@ struct LockAttempt<'c> {
     /// A waiter of a kind with a line of its own: its place in line (its score, as the last
     /// busy reply said; [`NO_PLACE`] until then). A settle of its try puts it back there.
     place: AtomicI64,
+    /// Such a waiter's rank in its line as the last busy reply said ([`NO_RANK`]: none).
+    ahead: AtomicU64,
 }
 
 /// [`LockAttempt::place`] before a busy reply gave one.
 const NO_PLACE: i64 = i64::MIN;
+/// [`LockAttempt::ahead`] when no busy reply gave one.
+const NO_RANK: u64 = u64::MAX;
 
 impl Attempt for LockAttempt<'_> {
     type Grant = Granted;
@@ -581,6 +586,10 @@ impl Attempt for LockAttempt<'_> {
 
     fn metrics(&self) -> &LockMetrics {
         self.client.metrics.of(self.hold.keys.kind())
+    }
+
+    fn ahead(&self) -> Option<u64> {
+        Some(self.ahead.load(Ordering::Relaxed)).filter(|&rank| rank != NO_RANK)
     }
 }
 
@@ -731,11 +740,13 @@ impl LockAttempt<'_> {
                     synced,
                 }))
             }
-            Ok(commands::Acquire::Held { ttl, place }) => {
+            Ok(commands::Acquire::Held { ttl, place, ahead }) => {
                 pending.disarm();
                 if let Some(place) = place {
                     self.place.store(place, Ordering::Relaxed);
                 }
+                self.ahead
+                    .store(ahead.unwrap_or(NO_RANK), Ordering::Relaxed);
                 Ok(Tried::Busy(ttl))
             }
             // No reply, or one we could not read: it may have granted a hold, which `pending`

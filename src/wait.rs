@@ -76,6 +76,13 @@ pub(crate) trait Attempt {
         Line::Shared
     }
 
+    /// How many waiters stand before this one in its line in Redis, as the last busy try said
+    /// (`None`: the kind has no such line). A waiter woken by a timer looks sooner the nearer
+    /// the head it is.
+    fn ahead(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether a grant excludes the next local waiter: it then waits for a release message
     /// instead of trying at once. A count-down latch's "grant" (it is open) excludes nobody.
     fn exclusive(&self) -> bool {
@@ -473,6 +480,7 @@ async fn wait_for<A: Attempt>(
                 if waiter.is_some() {
                     wait.sleep_while_busy(busy_for, grace, epoch).await;
                 } else if wait.by_timer() {
+                    wait.timer.busy(attempt.ahead());
                     wait.sleep_on_timer(busy_for).await;
                 } else {
                     // A release published before the subscription reached nobody, so the lock

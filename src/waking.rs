@@ -16,6 +16,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use leasehold_core::{LockError, Result};
 
 /// How waiters are woken (see [`LockClientBuilder::waking`](crate::LockClientBuilder::waking)).
@@ -45,8 +47,8 @@ pub enum Waking {
 }
 
 impl Waking {
-    /// The delays [`Waking::Auto`] falls back to: 5 ms doubling to 100 ms.
-    pub const TIMER_FIRST: Duration = Duration::from_millis(5);
+    /// The delays [`Waking::Auto`] falls back to: 2 ms doubling to 100 ms.
+    pub const TIMER_FIRST: Duration = Duration::from_millis(2);
     /// See [`Waking::TIMER_FIRST`].
     pub const TIMER_MAX: Duration = Duration::from_millis(100);
 
@@ -135,24 +137,60 @@ impl WakingState {
     /// The timer's delays for one wait.
     pub(crate) fn delays(&self) -> TimerDelays {
         TimerDelays {
-            next: self.first,
+            first: self.first,
             max: self.max,
+            next: self.first,
+            rank: None,
+            per_place: None,
         }
     }
 }
 
 /// One wait's timer delays: doubling from the first to the cap, each drawn in its upper half.
+///
+/// A waiter in a line of its own in Redis (fair lock, read/write lock, semaphore) also knows
+/// how many wait before it. Each time that number drops the line moved: the doubling starts
+/// over (the head, or a waiter about to be it, looks soon again: a release reserves the lock
+/// for the head, which takes it only at its next look), and the time the line takes to move
+/// one place is learnt. A waiter further back need not look before the line could have
+/// reached it: its delay is at least half its rank times that time, never above the cap.
 #[derive(Debug)]
 pub(crate) struct TimerDelays {
-    next: Duration,
+    first: Duration,
     max: Duration,
+    next: Duration,
+    /// The last rank a busy answer gave, and when it first gave it.
+    rank: Option<(u64, Instant)>,
+    /// How long the line took to move one place, as learnt so far.
+    per_place: Option<Duration>,
 }
 
 impl TimerDelays {
+    /// Takes in a busy answer's rank in the line (`None`: no line of its own).
+    pub(crate) fn busy(&mut self, ahead: Option<u64>) {
+        let Some(rank) = ahead else { return };
+        let now = Instant::now();
+        match self.rank {
+            Some((last, since)) if rank < last => {
+                let moved = u32::try_from(last - rank).unwrap_or(u32::MAX);
+                let per = now.saturating_duration_since(since) / moved;
+                self.per_place = Some(self.per_place.map_or(per, |p| (p + per) / 2));
+                self.next = self.first;
+                self.rank = Some((rank, now));
+            }
+            Some((last, _)) if rank == last => {}
+            _ => self.rank = Some((rank, now)),
+        }
+    }
+
     /// The next delay, jittered: waiters that woke together do not look together again.
     pub(crate) fn next(&mut self) -> Duration {
-        let delay = self.next;
+        let mut delay = self.next;
         self.next = (self.next * 2).min(self.max);
+        if let (Some((rank, _)), Some(per)) = (self.rank, self.per_place) {
+            let places = u32::try_from(rank).unwrap_or(u32::MAX);
+            delay = delay.max((per.saturating_mul(places) / 2).min(self.max));
+        }
         let half = delay / 2;
         half + half.mul_f64(fastrand::f64())
     }
@@ -176,6 +214,27 @@ mod tests {
             nominal = (nominal * 2).min(Waking::TIMER_MAX);
         }
         assert_eq!(nominal, Waking::TIMER_MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_nearer_the_head_of_a_moving_line_looks_sooner() {
+        let state = WakingState::new(Waking::timer(), false);
+        let mut delays = state.delays();
+        delays.busy(Some(10));
+        for _ in 0..6 {
+            delays.next(); // backed off to the cap
+        }
+        // The line moves 5 places in 10 ms: 2 ms a place.
+        tokio::time::advance(Duration::from_millis(10)).await;
+        delays.busy(Some(5));
+        // Five places back: at least 5 ms (half of 5 x 2 ms), the doubling started over.
+        let delay = delays.next();
+        assert!(delay >= Duration::from_micros(2_500) && delay <= Duration::from_millis(5));
+        // At the head: the first delay.
+        tokio::time::advance(Duration::from_millis(10)).await;
+        delays.busy(Some(0));
+        let delay = delays.next();
+        assert!(delay <= Waking::TIMER_FIRST, "{delay:?}");
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub enum Acquire {
         /// A waiter's try of a kind with a line of its own: the waiter's place (its score in
         /// the line). A settle of a later try of the waiter puts it back there.
         place: Option<i64>,
+        /// Such a waiter's rank in its line: how many wait before it (0: it is the head).
+        ahead: Option<u64>,
     },
 }
 
@@ -503,6 +505,7 @@ fn acquire_reply(reply: Value) -> Result<Acquire> {
         (Some(0), Some(pttl)) => Ok(Acquire::Held {
             ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             place: int_at(values, 2),
+            ahead: int_at(values, 3).and_then(|rank| u64::try_from(rank).ok()),
         }),
         (Some(count), Some(fence)) if count > 1 && fence >= 0 => Ok(Acquire::Granted {
             hold_count: count as u64,

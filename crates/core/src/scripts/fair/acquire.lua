@@ -129,6 +129,8 @@ if first_entry and (pttl < 0 or tonumber(first_entry) - now_ms < pttl) then
   pttl = math.max(tonumber(first_entry) - now_ms, 1)
 end
 if mode == 'w' then
-  return {0, pttl, redis.call('ZSCORE', KEYS[3], owner)}
+  -- The waiter's place, and how many wait before it (a waiter woken by a timer looks sooner
+  -- the nearer the head it is).
+  return {0, pttl, redis.call('ZSCORE', KEYS[3], owner), redis.call('ZRANK', KEYS[3], owner)}
 end
 return {0, pttl}

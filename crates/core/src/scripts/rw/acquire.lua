@@ -175,6 +175,7 @@ if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
   bound = tonumber(first_entry) - now_ms
 end
 if mode == 'w' then
-  return finish({0, math.max(bound, 1), redis.call('ZSCORE', KEYS[3], owner)})
+  return finish({0, math.max(bound, 1), redis.call('ZSCORE', KEYS[3], owner),
+    redis.call('ZRANK', KEYS[3], owner)})
 end
 return finish({0, math.max(bound, 1)})

@@ -94,6 +94,6 @@ if bound ~= -1 then
   bound = math.max(bound, 1)
 end
 if mode == 'w' then
-  return {0, bound, redis.call('ZSCORE', KEYS[3], id)}
+  return {0, bound, redis.call('ZSCORE', KEYS[3], id), redis.call('ZRANK', KEYS[3], id)}
 end
 return {0, bound}
