@@ -1,5 +1,6 @@
 //! Contended handoff: W workers take one lock in turn, hold it ~1 ms, release, and ask again at
-//! once, with the plain lock and with the fair lock. Compared with two polling locks written
+//! once, with the plain lock and with the fair lock, each woken by release messages and by a
+//! timer (`Waking::timer()`: no pub/sub). Compared with two polling locks written
 //! here: SET NX PX + a fixed sleep of 100 ms
 //! (redis-py's Lock default) and of 10 ms (npm redis-semaphore).
 //!
@@ -70,8 +71,18 @@ pub(crate) enum Kind {
     /// leasehold's fair lock (`client.fair_lock`): strict arrival order, each waiter woken
     /// alone on its own channel.
     Fair,
+    /// The plain lock on clients that wait without pub/sub (`Waking::timer()`).
+    Timer,
+    /// The fair lock on clients that wait without pub/sub.
+    FairTimer,
     /// SET NX PX, and on failure sleep this long before retrying.
     Polling(Duration),
+}
+
+impl Kind {
+    fn fair(self) -> bool {
+        matches!(self, Kind::Fair | Kind::FairTimer)
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -117,8 +128,12 @@ pub(crate) async fn run(
         ..Record::default()
     }));
     let mut clients = Vec::new();
+    let waking = match kind {
+        Kind::Timer | Kind::FairTimer => leasehold::Waking::timer(),
+        _ => leasehold::Waking::PubSub,
+    };
     for _ in 0..layout.clients(waiters) {
-        clients.push(LockClient::connect(url).await?);
+        clients.push(LockClient::builder(url).waking(waking).build().await?);
     }
     let release = Script::from_lua(
         "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
@@ -141,7 +156,7 @@ pub(crate) async fn run(
         let release = release.clone();
         handles.push(tokio::spawn(async move {
             match kind {
-                Kind::Leasehold | Kind::Fair => {
+                Kind::Leasehold | Kind::Fair | Kind::Timer | Kind::FairTimer => {
                     leasehold_worker(client, layout, kind, worker, end, record).await
                 }
                 Kind::Polling(sleep) => {
@@ -155,7 +170,7 @@ pub(crate) async fn run(
     let window_start = Instant::now();
     tokio::time::sleep_until(end - warm_up(duration)).await;
     let commands = match kind {
-        Kind::Leasehold | Kind::Fair => LEASEHOLD_COMMANDS,
+        Kind::Leasehold | Kind::Fair | Kind::Timer | Kind::FairTimer => LEASEHOLD_COMMANDS,
         Kind::Polling(_) => POLLING_COMMANDS,
     };
     let round_trips = admin.calls(commands).await?;
@@ -209,7 +224,7 @@ async fn leasehold_worker(
     end: Instant,
     record: Arc<Mutex<Record>>,
 ) -> anyhow::Result<()> {
-    let lock = if kind == Kind::Fair {
+    let lock = if kind.fair() {
         client.fair_lock(NAME)?
     } else {
         client.lock(NAME)?

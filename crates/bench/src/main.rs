@@ -161,6 +161,8 @@ fn main() -> anyhow::Result<()> {
             for kind in [
                 handoff::Kind::Leasehold,
                 handoff::Kind::Fair,
+                handoff::Kind::Timer,
+                handoff::Kind::FairTimer,
                 handoff::Kind::Polling(Duration::from_millis(100)),
                 handoff::Kind::Polling(Duration::from_millis(10)),
             ] {
