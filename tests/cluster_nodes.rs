@@ -1,9 +1,9 @@
-//! The library on real multi-node deployments (issue 16): a Redis Cluster of 3 primaries with a
-//! replica each ([`RedisCluster`]) and a Sentinel-managed primary with two replicas
-//! ([`SentinelSet`]). Unlike tests/cluster.rs (one node owning every slot), clients here are
-//! redirected: names land on all three primaries, a slot moves while a lock in it is held and
-//! waited on (`ASK`, then `MOVED`), a primary fails over (`CLUSTER FAILOVER`), and a Sentinel
-//! client follows a killed primary to the promoted replica.
+//! The library on real multi-node deployments: a Redis Cluster of 3 primaries with a replica each
+//! ([`RedisCluster`]) and a Sentinel-managed primary with two replicas ([`SentinelSet`]). Unlike
+//! tests/cluster.rs (one node owning every slot), clients here are redirected: names land on all
+//! three primaries, a slot moves while a lock in it is held and waited on (`ASK`, then `MOVED`), a
+//! primary fails over (`CLUSTER FAILOVER`), and a Sentinel client follows a killed primary to the
+//! promoted replica.
 //!
 //! Every test starts its own deployment: a cluster forms in about 2–2.5 s (6 processes, meet,
 //! replicas synced and known everywhere), the Sentinel set in about 2.3 s, and the Sentinel
@@ -11,10 +11,10 @@
 //! machine: every_kind_on_three_primaries ≈ 6 s, primary_failover_while_held_and_waited
 //! ≈ 5 s, sentinel_failover_keeps_locks_usable ≈ 6 s; the file about 20 s in all.
 //!
-//! Clients connect as users do (RESP2, fred's default; scripts loaded by the library). Issue 16's
-//! four findings are fixed and their reproductions pass: NOSCRIPT on every primary but one;
-//! waiters refused over RESP2; a command meeting `MOVED` failed; a command meeting `ASK` stopped
-//! fred's clustered client for good (the last two under `max_command_attempts = 1`; see
+//! Clients connect as users do (RESP2, fred's default; scripts loaded by the library). Four tests
+//! guard against multi-node failures coming back: NOSCRIPT on every primary but one; waiters
+//! refused over RESP2; a command meeting `MOVED` failing; a command meeting `ASK` stopping fred's
+//! clustered client for good (the last two under `max_command_attempts = 1`; see
 //! `leasehold_core::scripts::resend_not_run`).
 
 use std::collections::BTreeSet;
@@ -41,13 +41,11 @@ fn start_cluster() -> Arc<RedisCluster> {
 }
 
 /// A cluster as users start one: the library loads its scripts on every primary itself.
-/// (Before issue 16's first fix this loaded them by hand on every node.)
 fn start_cluster_with_scripts() -> Arc<RedisCluster> {
     start_cluster()
 }
 
-/// A client of the cluster over RESP2, fred's default. (Before issue 16's second fix this
-/// spoke RESP3, where the library does not read the confirming PING's shape.)
+/// A client of the cluster over RESP2, fred's default.
 async fn cluster_client(cluster: &RedisCluster) -> LockClient {
     cluster_client_over(cluster, RespVersion::RESP2).await
 }
@@ -227,10 +225,11 @@ async fn fair_try(
 /// redirected. Here the holder's lease is long (no renewal in between), so its release is that
 /// first command.
 ///
-/// Failed before (issue 16): the library builds fred with `max_command_attempts: 1` (no resend
-/// after a reconnect), and fred counts a redirection as an attempt: the release failed with
-/// `Connection("Too many failed write attempts.")`, and a renewal meeting `MOVED` failed the
-/// same way (`watchdog_stats().errors` went up by one after every migration and failover).
+/// Guards against a regression: the library builds fred with `max_command_attempts: 1` (no
+/// resend after a reconnect), and fred counts a redirection as an attempt, so left to fred the
+/// release fails with `Connection("Too many failed write attempts.")`, and a renewal meeting
+/// `MOVED` fails the same way (`watchdog_stats().errors` goes up by one after every migration
+/// and failover). The library resends a redirected command itself (`resend_not_run`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_meeting_moved_is_redirected() {
     let cluster = start_cluster_with_scripts();
@@ -257,10 +256,10 @@ async fn a_release_meeting_moved_is_redirected() {
 /// `TRYAGAIN` at the importing node anyway): the command waits for the migration to end and
 /// then follows `MOVED`. The client survives.
 ///
-/// Failed before (issue 16): the command failed with `Connection(Routing: "Max attempts
-/// reached.")` and fred's clustered client stopped for good (its router task ended): the
-/// release after the migration, and any other lock of that client, failed with
-/// `LockError::Timeout`. Every run.
+/// Guards against a regression: left to fred's own redirection, the command fails with
+/// `Connection(Routing: "Max attempts reached.")` and fred's clustered client stops for good (its
+/// router task ends): the release after the migration, and any other lock of that client, fail
+/// with `LockError::Timeout`, on every run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_meeting_ask_waits_for_the_migration_and_the_client_survives() {
     let cluster = start_cluster_with_scripts();
@@ -334,10 +333,10 @@ async fn a_command_meeting_ask_waits_for_the_migration_and_the_client_survives()
 
 /// Every name works on a fresh cluster, wherever its slot is, with no script loaded by hand.
 ///
-/// Failed before the fix (issue 16's first finding): a lock whose slot was on a primary other
-/// than the one fred's `SCRIPT LOAD` reached failed with NOSCRIPT, at once and on every retry:
-/// the library preloaded with `script_load` (one node) and reloaded after NOSCRIPT the same
-/// way. Now both load on every primary (`script_load_cluster`).
+/// Guards against a regression: fred's `script_load` reaches one node only, so with it a lock
+/// whose slot is on another primary fails with NOSCRIPT, at once and on every retry, whether the
+/// preload or the reload after NOSCRIPT used it. Both load on every primary
+/// (`script_load_cluster`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_run_on_every_primary_without_help() {
     let cluster = start_cluster();
@@ -370,12 +369,12 @@ async fn scripts_run_on_every_primary_without_help() {
 /// Waiters subscribe on a multi-node cluster over RESP2 (fred's default): every wait below
 /// times out with `Ok(None)`.
 ///
-/// Failed before the fix (issue 16's second finding): a waiter's subscription was refused as
-/// `PermissionDenied("NOPERM SUBSCRIBE was refused ...")` although no ACL is set: the library
-/// confirms each SUBSCRIBE with a PING on the subscriber client and read a bare (not array)
-/// PING reply as a refused SUBSCRIBE; fred's clustered subscriber can send the PING to another
-/// node than the SUBSCRIBE, whose connection has no subscription, so the reply is bare. On a
-/// cluster the shape is no longer read.
+/// Guards against a regression: the library confirms each SUBSCRIBE with a PING on the
+/// subscriber client, and fred's clustered subscriber can send the PING to another node than the
+/// SUBSCRIBE, whose connection has no subscription, so the reply is bare (not an array). Read as
+/// a refused SUBSCRIBE, that reply refuses a waiter's subscription as
+/// `PermissionDenied("NOPERM SUBSCRIBE was refused ...")` although no ACL is set, so on a cluster
+/// the shape is not read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_subscribe_on_a_multi_node_cluster_over_resp2() {
     let cluster = start_cluster_with_scripts();
@@ -567,9 +566,10 @@ async fn every_kind_on_three_primaries() {
 /// No renewal fails: one landing between the `MIGRATE` and the `SETSLOT NODE` meets `ASK` and
 /// is resent until the slot has moved; one after it meets `MOVED` and is resent to the new owner.
 ///
-/// Failed about 1 run in 5 before (issue 16): a renewal meeting `ASK` stopped fred's client for
-/// good (see `a_command_meeting_ask_waits_for_the_migration_and_the_client_survives`), and one
-/// meeting `MOVED` failed (`errors: 1`).
+/// Guards against a regression that showed in about 1 run in 5: a renewal meeting `ASK` stopping
+/// fred's client for good (see
+/// `a_command_meeting_ask_waits_for_the_migration_and_the_client_survives`), and one meeting
+/// `MOVED` failing (`errors: 1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migration_while_held_and_waited() {
     let started = Instant::now();

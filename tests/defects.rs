@@ -1,8 +1,8 @@
-//! Regression tests for the defects reported in the project's issue, one test per defect (or
-//! per case of a defect). Each test reproduces its defect on the code it was written against
-//! and passes once the defect is fixed; the comment at the top of each test says how it failed
-//! then. Defect 4 (a guard handed to another task) is also covered by a `compile_fail` doctest
-//! on `LockGuard`: the pattern that ran two critical sections at once no longer compiles.
+//! Regression tests, one test per defect the library once had (or per case of one). Each test
+//! reproduces its defect on code without the fix and passes with it; the comment at the top of each
+//! test says how it failed without the fix. A guard handed to another task is also covered by a
+//! `compile_fail` doctest on `LockGuard`: the pattern that ran two critical sections at once does
+//! not compile.
 
 mod common;
 
@@ -123,9 +123,9 @@ async fn defect1_a_waiter_tries_again_soon_after_a_turn_reservation_lapses() {
 /// Within one client, waiters are served in order: a task that releases and asks again at once
 /// comes after the sibling task that was already waiting.
 ///
-/// Failed before the fix (round 0): the release reserves the lock for this very client's turn, and the
-/// releaser's own new lock() takes that turn before the queued sibling: order
-/// ["A again", "B"] instead of ["B", "A again"].
+/// Failed before the fix (round 0): the release reserves the lock for this very client's turn, and
+/// the releaser's own new lock() takes that turn before the queued sibling: order ["A again", "B"]
+/// instead of ["B", "A again"].
 #[tokio::test]
 async fn defect2_a_releaser_does_not_barge_ahead_of_its_own_clients_waiter() {
     let redis = server();
@@ -185,8 +185,8 @@ async fn defect2_a_releaser_does_not_barge_ahead_of_its_own_clients_waiter() {
 /// A watched guard whose hold was force-unlocked stays lost even when the same owner takes a
 /// fresh grant, and the watchdog never extends that fresh grant's explicit lease.
 ///
-/// Failed before the fix: g1's next renewal finds the owner in the hash (the new grant) and renews it:
-/// `g1.is_held()` stays true and the 1500 ms explicit lease is pushed to the 3 s watched lease
+/// Failed before the fix: g1's next renewal finds the owner in the hash (the new grant) and renews
+/// it: `g1.is_held()` stays true and the 1500 ms explicit lease is pushed to the 3 s watched lease
 /// (max PTTL seen ~3000).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect3_a_lost_watched_guard_is_not_revived_by_a_new_grant() {
@@ -438,9 +438,9 @@ async fn heal_and_reconnect(proxy: &Proxy, lock: &Lock) {
 /// `guard.unlock()` cancelled while its release is on the wire (and never reaches Redis): the
 /// owner's next acquire must not re-enter the orphaned hold.
 ///
-/// Failed before the fix: nothing settles the cancelled release, so the same task's next acquire re-enters
-/// the orphan at once: hold_count 2 (want 1); releasing it would leave the orphan held until
-/// its 30 s lease.
+/// Failed before the fix: nothing settles the cancelled release, so the same task's next acquire
+/// re-enters the orphan at once: hold_count 2 (want 1); releasing it would leave the orphan held
+/// until its 30 s lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect5_a_cancelled_unlock_leaves_no_hold_to_re_enter() {
     let redis = server();
@@ -475,8 +475,8 @@ async fn defect5_a_cancelled_unlock_leaves_no_hold_to_re_enter() {
 /// `guard.unlock_after(d)` cancelled while on the wire: the lock must end no later than the
 /// tail (plus a bound), and the owner must not re-enter the orphaned hold meanwhile.
 ///
-/// Failed before the fix: nothing settles the cancelled release_after: the orphan keeps the full 30 s
-/// lease, and the same task's next acquire re-enters it at once: hold_count 2 (want 1).
+/// Failed before the fix: nothing settles the cancelled release_after: the orphan keeps the full
+/// 30 s lease, and the same task's next acquire re-enters it at once: hold_count 2 (want 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect5_a_cancelled_unlock_after_ends_at_its_tail_and_is_not_re_entered() {
     let redis = server();
@@ -531,8 +531,8 @@ async fn ends_after_its_tail(
 /// Redis): the lock must still end no later than the tail (plus a bound), not at the full
 /// lease, and the owner must not re-enter the orphan.
 ///
-/// Failed before the fix: unlock_after returns `Timeout(500ms)` and nothing settles it: the orphan keeps
-/// the full 30 s lease, and the same task's next acquire re-enters it at once: hold_count 2
+/// Failed before the fix: unlock_after returns `Timeout(500ms)` and nothing settles it: the orphan
+/// keeps the full 30 s lease, and the same task's next acquire re-enters it at once: hold_count 2
 /// (want 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect5_a_failed_unlock_after_ends_at_its_tail_and_is_not_re_entered() {
@@ -560,9 +560,9 @@ async fn defect5_a_failed_unlock_after_ends_at_its_tail_and_is_not_re_entered() 
 /// A nested try_lock cancelled mid-flight (its rollback pending) followed at once by the outer
 /// release: the lock must end up free, whichever of the two reaches Redis first.
 ///
-/// Failed before the fix: the release goes out before the rollback (current-thread runtime: the rollback
-/// task has not run yet), so Redis runs acquire (2), release (1), rollback (expects 2: no-op):
-/// one hold is orphaned until the 30 s lease: "still held 5 s after the last release: PTTL
+/// Failed before the fix: the release goes out before the rollback (current-thread runtime: the
+/// rollback task has not run yet), so Redis runs acquire (2), release (1), rollback (expects 2:
+/// no-op): one hold is orphaned until the 30 s lease: "still held 5 s after the last release: PTTL
 /// ~24800 ms, hold count Some(1)".
 #[tokio::test]
 async fn defect6_a_release_waits_for_the_owners_pending_rollback() {
@@ -600,8 +600,8 @@ const NO_SCRIPT_LOAD_RULE: &str = "on >pw resetkeys ~leasehold:* resetchannels &
 
 /// Five failed builds leave no connection behind.
 ///
-/// Failed before the fix: the builder returns PermissionDenied after SCRIPT LOAD is refused but never
-/// closes the connection it opened: 5 connections of the user stay open.
+/// Failed before the fix: the builder returns PermissionDenied after SCRIPT LOAD is refused but
+/// never closes the connection it opened: 5 connections of the user stay open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect7a_failed_builds_close_their_connections() {
     let redis = server();
@@ -628,8 +628,9 @@ async fn defect7a_failed_builds_close_their_connections() {
 /// A build that times out, and one that is cancelled, while the server is paused leave no
 /// connection behind once it resumes.
 ///
-/// Failed before the fix: the timed-out build closes its connection, but the cancelled one's connection
-/// completes its handshake after the resume and stays open ("id=... cmd=info user=default").
+/// Failed before the fix: the timed-out build closes its connection, but the cancelled one's
+/// connection completes its handshake after the resume and stays open ("id=... cmd=info
+/// user=default").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect7b_builds_timed_out_or_cancelled_on_a_paused_server_leave_no_connection() {
     let redis = server();
@@ -663,8 +664,8 @@ async fn defect7b_builds_timed_out_or_cancelled_on_a_paused_server_leave_no_conn
 /// connection. (`CLIENT LIST TYPE pubsub` alone would not see the leak: a subscriber client that
 /// never subscribed is of type normal; so the client's connections are counted at the proxy.)
 ///
-/// Failed before the fix: each cancelled wait drops the OnceCell's init while its spawned connect task
-/// goes on and connects a subscriber nobody keeps or closes: 7 connections through the proxy
+/// Failed before the fix: each cancelled wait drops the OnceCell's init while its spawned connect
+/// task goes on and connects a subscriber nobody keeps or closes: 7 connections through the proxy
 /// (1 command + 6 subscribers), 0 of them pubsub in Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect7c_cancelled_first_waits_open_at_most_one_subscriber() {
@@ -697,8 +698,8 @@ async fn defect7c_cancelled_first_waits_open_at_most_one_subscriber() {
 
 /// Dropping a client that waited (so it opened both connections) closes both.
 ///
-/// Not reproduced on the previous main: this passed there too (the client's drop sent QUIT on
-/// both connections and the proxy saw both close). Kept as a guard of the property.
+/// Not reproduced: the test passes on code without the fix too (the client's drop sends QUIT on
+/// both connections and the proxy sees both close). Kept as a guard of the property.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect7d_dropping_a_client_closes_its_connections() {
     let redis = server();
@@ -732,13 +733,13 @@ async fn defect7d_dropping_a_client_closes_its_connections() {
 /// A waiter cancelled (before it registered interest of its own, or later) must not take its
 /// client out of the turn queue while a sibling waiter of that client still waits there.
 ///
-/// Not reproduced on the previous main (this test passed there too; it guards the property). The suspected path needs
-/// the cancelled waiter A to have no interest of its own while sibling B is already queued. A
-/// starts without interest only if B's subscription is not yet flagged active, and that gap is
-/// sub-millisecond (fred 10's `subscribe()` resolves as soon as the SUBSCRIBE is written, before
-/// Redis ran it); A then holds no interest only until its first try's reply, and B's queued
-/// retry cannot reach Redis before that try: both go over the one command connection, in order
-/// (fred never pipelines EVALSHA). Cancellation points covered: two waiters of a fresh client
+/// Not reproduced: the test passes on code without the fix too; it guards the property. The
+/// suspected path needs the cancelled waiter A to have no interest of its own while sibling B is
+/// already queued. A starts without interest only if B's subscription is not yet flagged active,
+/// and that gap is sub-millisecond (fred 10's `subscribe()` resolves as soon as the SUBSCRIBE is
+/// written, before Redis ran it); A then holds no interest only until its first try's reply, and
+/// B's queued retry cannot reach Redis before that try: both go over the one command connection, in
+/// order (fred never pipelines EVALSHA). Cancellation points covered: two waiters of a fresh client
 /// racing their way in, and a waiter cancelled at points of its wait while its sibling is parked.
 #[tokio::test]
 async fn defect8_a_cancelled_waiter_leaves_the_queue_to_its_waiting_sibling() {
@@ -886,8 +887,8 @@ async fn defect9_a_non_integer_fencing_counter_does_not_wedge_the_locks_of_its_s
 /// A waiter taking over its client's turn with a foreign-typed fencing counter fails with
 /// WRONGTYPE naming the counter, and leaves the reservation as it was.
 ///
-/// Failed before the fix: the error is right (`WrongType { key: "leasehold:fence" }`), but the take-over
-/// deleted the reserved hash before the script failed: the hash no longer exists.
+/// Failed before the fix: the error is right (`WrongType { key: "leasehold:fence" }`), but the
+/// take-over deleted the reserved hash before the script failed: the hash no longer exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect9_a_wrong_type_fencing_counter_does_not_delete_a_reservation() {
     let redis = server();
@@ -999,10 +1000,10 @@ where
 /// `try_lock_for(1 s)` with Redis killed, then paused: a transient error within 2.5 s (the
 /// caller must be able to tell "Redis unreachable" from "busy").
 ///
-/// Failed before the fix: killed: still running at the test's 6 s cap (uncapped it returns `Ok(None)`
-/// after ~10 s: a full command timeout waiting for the connection in `ready()`, then another
-/// for the acquire); paused: `Ok(None)` after 5.0 s (the acquire's 5 s command timeout, then
-/// the deadline has passed).
+/// Failed before the fix: killed: still running at the test's 6 s cap (uncapped it returns
+/// `Ok(None)` after ~10 s: a full command timeout waiting for the connection in `ready()`, then
+/// another for the acquire); paused: `Ok(None)` after 5.0 s (the acquire's 5 s command timeout,
+/// then the deadline has passed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect11_try_lock_for_is_bounded_when_redis_is_unreachable() {
     let bound = Duration::from_millis(2500);
@@ -1054,7 +1055,7 @@ async fn defect11_try_lock_is_bounded_when_redis_is_unreachable() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Defect 12: futures joined in one task replaced each other's grant
+// 12. Futures joined in one task replace each other's grant
 // ---------------------------------------------------------------------------------------------
 
 /// Holds `guard` for 50 ms and releases it: (hold count, token), whether it was still held at
@@ -1126,7 +1127,7 @@ async fn defect12_two_tries_of_one_task_in_flight_together_do_not_replace_each_o
 }
 
 // ---------------------------------------------------------------------------------------------
-// Defect 13: a waiter slept on a previous holder's lease after a shorter one took the lock
+// 13. A waiter sleeps on a previous holder's lease after a shorter one took the lock
 // ---------------------------------------------------------------------------------------------
 
 /// W waits behind A's 3 s lease, queued after B. A releases early; B takes its turn with a
@@ -1580,11 +1581,11 @@ async fn defect21_joined_acquires_of_one_owner_on_a_fair_lock_do_not_sleep_on_ea
     }
 }
 
-/// Defect 22 (found by the model checker, `crates/model`): a waiter that got the lock with
-/// more waiters of its client behind it puts its client at the back of the turn queue with
-/// ZADD. When that ZADD created the queue (nobody else was queued), the queue had no TTL, so a
-/// crash of that client left the queue and its entry in Redis until the next release of the
-/// name, which may never come.
+/// Found by the model checker (`crates/model`): a waiter that got the lock with more waiters of its
+/// client behind it puts its client at the back of the turn queue with ZADD. When that ZADD creates
+/// the queue (nobody else is queued), the queue must get a TTL: without one, a crash of that client
+/// leaves the queue and its entry in Redis until the next release of the name, which may never
+/// come.
 ///
 /// Failed before the fix: the queue's PTTL was -1 (no TTL).
 #[tokio::test]

@@ -1,9 +1,9 @@
-//! `LockClient::connect` with every URL form of a deployment (issue 16): `redis-cluster://`
-//! with the other nodes as `?node=host:port` (fred's form) to a Redis Cluster of 3 primaries
-//! with a replica each, and `redis-sentinel://...?sentinelServiceName=NAME&node=...` to a
-//! primary with two replicas under three Sentinels, both started by leasehold-testkit. A lock is
-//! taken, waited for and handed over through each. A password in any URL form never shows in
-//! the builder's `Debug` or in a connection error.
+//! `LockClient::connect` with every URL form of a deployment: `redis-cluster://` with the other
+//! nodes as `?node=host:port` (fred's form) to a Redis Cluster of 3 primaries with a replica each,
+//! and `redis-sentinel://...?sentinelServiceName=NAME&node=...` to a primary with two replicas
+//! under three Sentinels, both started by leasehold-testkit. A lock is taken, waited for and handed
+//! over through each. A password in any URL form never shows in the builder's `Debug` or in a
+//! connection error.
 //!
 //! tests/cluster_nodes.rs covers the same deployments through `builder_from_config` (slot
 //! moves, failovers); this file covers the URLs users write.

@@ -1,8 +1,7 @@
-//! Replica sync (issue 16): a primary with one replica (testkit's `ReplicaPair`), failed over
-//! by hand so that the test decides what the replica has: the replication link is cut while the
-//! primary grants, the primary is killed, the replica promoted (`REPLICAOF NO ONE`), and a
-//! second client connects to it. This is what a Sentinel or Cluster failover does, without the
-//! election's seconds.
+//! Replica sync: a primary with one replica (testkit's `ReplicaPair`), failed over by hand so that
+//! the test decides what the replica has: the replication link is cut while the primary grants, the
+//! primary is killed, the replica promoted (`REPLICAOF NO ONE`), and a second client connects to
+//! it. This is what a Sentinel or Cluster failover does, without the election's seconds.
 //!
 //! - Without sync the grant the replica missed is granted twice (recorded), and the fencing
 //!   token still rejects the stale holder's write.

@@ -59,13 +59,13 @@
 //!   be leased, the counts must add up, and there must be no TTL and no other kind's field;
 //!   nor the latches still counting down, whose hash must hold only its count, with no TTL.
 //!
-//! RedLock mode (`run --redlock N`, issue 17): N independent redis-servers, each client
-//! process one `LockClient` per server through proxies of its own and one `RedLock` over them,
-//! every op a quorum lock (`--resources` of them, `rl-<i>`) through the six acquire forms,
-//! writing to the store with the grant's `QuorumToken`. Faults per server (killed and
-//! restarted with its data lost, paused, partitioned or slowed for all or for one client,
-//! connections reset), a minority of the servers down at once, now and then a majority, and
-//! paused or killed clients (`redlock.rs`). Checked (`redlock_check.rs`):
+//! RedLock mode (`run --redlock N`): N independent redis-servers, each client process one
+//! `LockClient` per server through proxies of its own and one `RedLock` over them, every op a
+//! quorum lock (`--resources` of them, `rl-<i>`) through the six acquire forms, writing to the
+//! store with the grant's `QuorumToken`. Faults per server (killed and restarted with its data
+//! lost, paused, partitioned or slowed for all or for one client, connections reset), a minority of
+//! the servers down at once, now and then a majority, and paused or killed clients (`redlock.rs`).
+//! Checked (`redlock_check.rs`):
 //! - quorum exclusion: no two owners both believed (`is_held()`) they held one RedLock at one
 //!   instant, except where a server both grants counted lost its data in between (a killed
 //!   server forgets its holds: the Redlock algorithm's own limit, counted apart and shown);
@@ -80,28 +80,28 @@
 //! - cleanup on every server, as above;
 //! - liveness, mild: no call under way 10 s with no fault in effect or healed in the last 5 s,
 //!   none still waiting at the stop; no polling: the servers' script calls per call and
-//!   server stay under 25 (5.3 on a 30 s run; 52.2 with the bare-quorum polling bug of the
-//!   first RedLock version).
+//!   server stay under 25 (5.3 on a 30 s run; 52.2 when a waiter of a lock held by a bare
+//!   quorum retries instead of waiting for the release).
 //!
-//! Cluster mode (`run --cluster`, issue 16): a Redis Cluster of 3 primaries with a replica
-//! each (testkit's `RedisCluster`), the same client processes connected as cluster clients
-//! (`ServerConfig::new_clustered` over every node; no proxies), taking locks of every kind
-//! (the fair locks' observer follows `MOVED` to the node serving a line) whose slots are put
-//! on the three primaries in turn before the start. Faults (`FaultKind::CLUSTER`, the primary kill
-//! and the failover first in every run): a primary SIGKILLed, its replica promoted after the
-//! node timeout, the node then restarted and rejoining as a replica; `CLUSTER FAILOVER` on a
-//! replica; a node paused below the node timeout; the slot of a resource in use migrated to
-//! another primary (held a while half-moved: `ASK`, `TRYAGAIN`, then `MOVED`); every node's
-//! pub/sub or command connections killed; clients paused past their lease or killed. Checked:
-//! everything above, on every node (channels, sharded ones too, on any node; keys on the
-//! primaries). Cluster replication is asynchronous, so a killed primary loses the writes its
-//! replica had not received: overlaps and semaphore excesses on the resources that primary
-//! served, within a lease after the failover, are counted apart ("after a failover that lost
-//! writes"), as the one-server run counts those after Redis lost its data. Tokens that went
-//! backwards across such a failover have a line of their own too, but still fail the run: the
-//! fencing counter's server-time floor keeps tokens rising across data loss (all the nodes
-//! share one clock here). A coordinated `CLUSTER FAILOVER` loses nothing, so it excuses
-//! nothing, and a paused primary counts as killed only if its replica took over meanwhile.
+//! Cluster mode (`run --cluster`): a Redis Cluster of 3 primaries with a replica each (testkit's
+//! `RedisCluster`), the same client processes connected as cluster clients
+//! (`ServerConfig::new_clustered` over every node; no proxies), taking locks of every kind (the
+//! fair locks' observer follows `MOVED` to the node serving a line) whose slots are put on the
+//! three primaries in turn before the start. Faults (`FaultKind::CLUSTER`, the primary kill and the
+//! failover first in every run): a primary SIGKILLed, its replica promoted after the node timeout,
+//! the node then restarted and rejoining as a replica; `CLUSTER FAILOVER` on a replica; a node
+//! paused below the node timeout; the slot of a resource in use migrated to another primary (held a
+//! while half-moved: `ASK`, `TRYAGAIN`, then `MOVED`); every node's pub/sub or command connections
+//! killed; clients paused past their lease or killed. Checked: everything above, on every node
+//! (channels, sharded ones too, on any node; keys on the primaries). Cluster replication is
+//! asynchronous, so a killed primary loses the writes its replica had not received: overlaps and
+//! semaphore excesses on the resources that primary served, within a lease after the failover, are
+//! counted apart ("after a failover that lost writes"), as the one-server run counts those after
+//! Redis lost its data. Tokens that went backwards across such a failover have a line of their own
+//! too, but still fail the run: the fencing counter's server-time floor keeps tokens rising across
+//! data loss (all the nodes share one clock here). A coordinated `CLUSTER FAILOVER` loses nothing,
+//! so it excuses nothing, and a paused primary counts as killed only if its replica took over
+//! meanwhile.
 //!
 //! How a client works is in `worker.rs`, the faults in `orchestrator.rs`, and why each check
 //! is sound in `checker.rs`.

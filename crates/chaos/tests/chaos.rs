@@ -172,11 +172,11 @@ fn the_checker_catches_clients_that_ignore_their_lease_or_jump_the_line() {
     );
 }
 
-/// RedLock mode (issue 17): five servers, each killed and restarted, paused, partitioned and
-/// slowed, a minority or a majority of them down at once, clients paused and killed. First
-/// the self-test: clients that act as if their quorum never ended (they ignore `is_held()`)
-/// must be caught as two owners believing they held one RedLock at once. Then 15 seconds with
-/// honest clients: no violation. One after the other (about 30 s together).
+/// RedLock mode: five servers, each killed and restarted, paused, partitioned and slowed, a
+/// minority or a majority of them down at once, clients paused and killed. First the self-test:
+/// clients that act as if their quorum never ended (they ignore `is_held()`) must be caught as two
+/// owners believing they held one RedLock at once. Then 15 seconds with honest clients: no
+/// violation. One after the other (about 30 s together).
 #[test]
 fn redlock_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
     let started = Instant::now();
@@ -233,13 +233,13 @@ fn redlock_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
     );
 }
 
-/// Cluster mode (issue 16): a Redis Cluster of 3 primaries with a replica each, the clients
-/// connected as cluster clients, locks of every kind on all three primaries; a primary killed (its replica
-/// promoted, the node back as a replica), `CLUSTER FAILOVER`, nodes paused, slots migrated
-/// under held and waited-on locks, clients paused and killed. First the self-test: clients
-/// that ignore `is_held()` must be caught (overlaps that no failover excuses). Then 18
-/// seconds with honest clients: no violation, and the primary kill and the failover (which
-/// every cluster run injects first) both happened. One after the other (about 45 s).
+/// Cluster mode: a Redis Cluster of 3 primaries with a replica each, the clients connected as
+/// cluster clients, locks of every kind on all three primaries; a primary killed (its replica
+/// promoted, the node back as a replica), `CLUSTER FAILOVER`, nodes paused, slots migrated under
+/// held and waited-on locks, clients paused and killed. First the self-test: clients that ignore
+/// `is_held()` must be caught (overlaps that no failover excuses). Then 18 seconds with honest
+/// clients: no violation, and the primary kill and the failover (which every cluster run injects
+/// first) both happened. One after the other (about 45 s).
 #[test]
 fn cluster_runs_catch_clients_that_ignore_their_lease_and_pass_honest_ones() {
     let started = Instant::now();

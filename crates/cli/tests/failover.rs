@@ -1,10 +1,10 @@
-//! `leasehold demo --failover` (issue 16): a lock through a failover of a primary and a replica
-//! the demo starts itself (never the Redis on 6379, never `REDIS_URL`). Without replica sync
-//! the lock is granted twice and the fencing token refuses the stale write; with
-//! `ReplicaSync::Replicas` the reported grant survives and the one the replica missed fails
-//! with `NotReplicated`. The demo checks each outcome itself (exit 1 otherwise); this test
-//! checks the exit status and that the account says so. `--failover` is refused with a Redis
-//! of the user's or another deployment flag: it kills its own primary.
+//! `leasehold demo --failover`: a lock through a failover of a primary and a replica the demo
+//! starts itself (never the Redis on 6379, never `REDIS_URL`). Without replica sync the lock is
+//! granted twice and the fencing token refuses the stale write; with `ReplicaSync::Replicas` the
+//! reported grant survives and the one the replica missed fails with `NotReplicated`. The demo
+//! checks each outcome itself (exit 1 otherwise); this test checks the exit status and that the
+//! account says so. `--failover` is refused with a Redis of the user's or another deployment flag:
+//! it kills its own primary.
 //!
 //! Runs wait on the process's exit with a deadline, never on a bare sleep.
 

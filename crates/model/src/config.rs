@@ -6,11 +6,13 @@
 pub enum Variant {
     /// The shipped scripts and the shipped waiting engine.
     Shipped,
-    /// `acquire.lua` with defect 1's fix reverted: a waiter that finds the lock reserved for
-    /// another client's turn is told its own lease (fixture `pre_f1_reserved_busy.lua`).
+    /// `acquire.lua` with the reserved-turn fix reverted (the shipped script tells a waiter that
+    /// finds the lock reserved for another client's turn the reservation's remaining time): such
+    /// a waiter is told its own lease instead (fixture `pre_f1_reserved_busy.lua`).
     PreF1Fix,
-    /// The waiting engine without defect 2's fix, the local FIFO: every waiter of a client talks
-    /// to Redis on its own, and a release message wakes all of them.
+    /// The waiting engine without the local FIFO (the shipped engine queues a client's waiters
+    /// locally, and one of them at a time talks to Redis): every waiter of a client talks to
+    /// Redis on its own, and a release message wakes all of them.
     PreF2Fix,
     /// Fair lock mutant (not a past bug): `fair/acquire.lua` grants a free lock to whoever
     /// tries, even when others are first in line (its grant condition always true).

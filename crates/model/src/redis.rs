@@ -436,7 +436,7 @@ impl Redis {
             }
             // A grant that takes over a reservation or replaces an orphan, and a fair lock's
             // hand-on, replace a hash's fields in place (HKEYS, then HSET and HDEL); the
-            // pre-fix acquire of defect 1 read it too (the `PreF1Fix` variant).
+            // reverted reserved-turn branch of acquire reads it too (the `PreF1Fix` variant).
             "HKEYS" => {
                 need(1)?;
                 Ok(Reply::Array(

@@ -12,12 +12,12 @@ use leasehold_core::scripts::Scripts;
 
 use crate::config::Variant;
 
-/// The waiter's busy branch of `acquire.lua` before the fix of defect 1 (commit 5f92bad): a
-/// waiter that finds the lock reserved for another client's turn is told its own lease, not the
-/// reservation's remaining time.
+/// The waiter's busy branch of `acquire.lua` without the reserved-turn fix: a waiter that finds
+/// the lock reserved for another client's turn is told its own lease, not the reservation's
+/// remaining time.
 pub const PRE_F1_RESERVED_BUSY: &str = include_str!("../fixtures/pre_f1_reserved_busy.lua");
 
-/// Where the pre-fix branch goes: right after the waiter's client joined the turn queue and
+/// Where the reverted branch goes: right after the waiter's client joined the turn queue and
 /// before the shipped reply `{0, pttl}`.
 const PRE_F1_ANCHOR: &str =
     "  redis.call('PEXPIRE', KEYS[3], math.max(pttl, tonumber(ARGV[2])) + 10000)\n";
@@ -78,7 +78,7 @@ impl ModelScripts {
         if variant == Variant::PreF1Fix {
             assert!(
                 acquire.contains(PRE_F1_ANCHOR),
-                "acquire.lua changed: the pre-fix branch of defect 1 has no anchor"
+                "acquire.lua changed: the reverted reserved-turn branch has no anchor"
             );
             acquire = acquire.replacen(
                 PRE_F1_ANCHOR,

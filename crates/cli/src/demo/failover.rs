@@ -1,5 +1,4 @@
-//! `leasehold demo --failover`: one lock through a failover, with and without replica sync
-//! (issue 16).
+//! `leasehold demo --failover`: one lock through a failover, with and without replica sync.
 //!
 //! Each part starts a throw-away primary and a replica of it (leasehold-testkit) replicating
 //! through a testkit [`Proxy`] that can cut the link, so the demo decides what the replica has
