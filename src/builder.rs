@@ -21,11 +21,12 @@ use crate::server_id::ServerIdentity;
 use crate::waking::{Waking, WakingState};
 
 /// Default lease of watched holds: 30 s, renewed every 10 s (Redisson's `lockWatchdogTimeout`).
+/// Example: [`LockClient`]'s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Default command timeout: 5 s.
+/// Default command timeout: 5 s. Example: [`LockClientBuilder::command_timeout`]'s.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client keeps a lock's release channel subscribed after its last waiter on that
-/// lock left (`LockClientBuilder::subscription_linger`).
+/// lock left. Example: [`LockClientBuilder::subscription_linger`]'s.
 pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(2);
 
 /// Loads every script at connect, so the first lock does not pay a NOSCRIPT round trip
@@ -295,14 +296,26 @@ impl LockClientBuilder {
         }
     }
 
-    /// Key prefix (default `leasehold`): keys are `PREFIX:{NAME}`.
+    /// Key prefix (default `leasehold`): keys are `PREFIX:{NAME}`. Applications that share
+    /// one Redis take a prefix each, so that their lock names never meet.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use leasehold::LockClient;
+    /// let billing = LockClient::builder(&url).prefix("billing").build().await?;
+    /// assert_eq!(billing.prefix(), "billing");
+    /// let lock = billing.lock("invoice:42")?;
+    /// assert_eq!(lock.name(), "invoice:42"); // the name as given: the prefix is in the keys
+    /// assert_eq!(lock.keys().hash(), "billing:{invoice:42}");
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// Lease of holds taken without an explicit lease (default 30 s); the watchdog renews them
-    /// every lease/3 while the guard lives.
+    /// every lease/3 while the guard lives. Example: [`max_hold`](Self::max_hold)'s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -311,6 +324,17 @@ impl LockClientBuilder {
     /// How long to wait for any Redis reply (default 5 s; above zero, at most
     /// [`MAX_LEASE`](crate::MAX_LEASE)). A timed-out state change is treated as "unknown" and
     /// settled in the background.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> leasehold::Result<()> {
+    /// use leasehold::{LockClient, DEFAULT_COMMAND_TIMEOUT};
+    /// // Redis in another region: give every reply twice the default before it counts as lost.
+    /// let client = LockClient::builder("redis://locks.eu-west.internal:6379")
+    ///     .command_timeout(DEFAULT_COMMAND_TIMEOUT * 2)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
@@ -325,7 +349,20 @@ impl LockClientBuilder {
         self
     }
 
-    /// Most holds the watchdog renews in one script call (default 1,000).
+    /// Most holds the watchdog renews in one script call (default 1,000). A process that keeps
+    /// many thousands of watched holds may lower it: Redis runs one script at a time, so a
+    /// smaller batch makes each renewal call block the server's other clients for less long, at
+    /// the cost of more round trips. Zero counts as 1.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use leasehold::LockClient;
+    /// let client = LockClient::builder(&url).renew_batch_size(200).build().await?;
+    /// let lock = client.lock("shard:17")?;
+    /// let guard = lock.lock().await?; // renewed in calls of at most 200 holds
+    /// guard.unlock().await?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn renew_batch_size(mut self, size: usize) -> Self {
         self.renew_batch = size.max(1);
         self
@@ -335,6 +372,18 @@ impl LockClientBuilder {
     /// other clients stand by before trying themselves when that client does not take it
     /// (default 25 ms; at least 1 ms). Raise it when clients reach Redis over a slow network.
     /// Every client of one deployment should use the same value.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use leasehold::{LockClient, DEFAULT_TURN_GRACE};
+    /// // Clients a long round trip away from Redis: every client of the deployment is built
+    /// // with the same, longer grace.
+    /// let client = LockClient::builder(&url)
+    ///     .turn_grace(DEFAULT_TURN_GRACE * 4)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn turn_grace(mut self, grace: Duration) -> Self {
         self.turn_grace = grace;
         self
@@ -366,6 +415,17 @@ impl LockClientBuilder {
     /// How long a lock's release channel stays subscribed after this client's last waiter on
     /// it left (default [`DEFAULT_SUBSCRIPTION_LINGER`]). A process that waits for the same lock
     /// again within that time pays no SUBSCRIBE and no first try that is known to fail.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> leasehold::Result<()> {
+    /// use leasehold::{LockClient, DEFAULT_SUBSCRIPTION_LINGER};
+    /// // Workers that wait for the same few locks every few seconds keep their channels.
+    /// let client = LockClient::builder("redis://127.0.0.1:6379")
+    ///     .subscription_linger(DEFAULT_SUBSCRIPTION_LINGER * 5)
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
     pub fn subscription_linger(mut self, linger: Duration) -> Self {
         self.linger = linger;
         self

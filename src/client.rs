@@ -21,6 +21,20 @@ use crate::Lock;
 /// The least time a command gets, even at the very end of a bounded wait: a try at the
 /// deadline still has this long to get its answer. A bounded call returns at most this long
 /// after its deadline.
+///
+/// So a caller with a hard deadline of its own waits that much less:
+///
+/// ```no_run
+/// # async fn demo(lock: leasehold::Lock) -> leasehold::Result<()> {
+/// use std::time::Duration;
+/// use leasehold::LAST_TRY_BUDGET;
+/// // The request must be answered within 2 s, the last try at the wait's end included.
+/// let wait = Duration::from_secs(2).saturating_sub(LAST_TRY_BUDGET);
+/// if let Some(guard) = lock.try_lock_for(wait).await? {
+///     guard.unlock().await?;
+/// }
+/// # Ok(()) }
+/// ```
 pub const LAST_TRY_BUDGET: Duration = Duration::from_millis(250);
 
 /// Awaits a command future within a [`Budget`], with a tokio timer only when the budget needs
@@ -63,6 +77,7 @@ pub(crate) struct Budget {
 /// use leasehold::LockClient;
 ///
 /// let client = LockClient::connect(&url).await?;
+/// assert_eq!(client.lease(), leasehold::DEFAULT_LEASE); // watched holds: 30 s, renewed
 /// let lock = client.lock("inventory:42")?;
 /// let guard = lock.try_lock().await?.expect("nobody else holds it");
 /// println!("fencing token {}", guard.fencing_token());
@@ -282,23 +297,42 @@ impl LockClient {
         self.inner.id.new_owner()
     }
 
-    /// The owner the current task acquires under by default.
+    /// The owner the current task acquires under by default: another task is another owner,
+    /// and waits for this one's holds instead of re-entering them.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("ledger")?;
+    /// let guard = lock.lock().await?;
+    /// assert_eq!(guard.owner(), &client.current_owner());
+    /// assert!(client.current_owner().id().starts_with(client.id()));
+    /// let elsewhere = tokio::spawn({
+    ///     let client = client.clone();
+    ///     async move { client.current_owner() }
+    /// });
+    /// assert_ne!(elsewhere.await.unwrap(), client.current_owner());
+    /// guard.unlock().await?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn current_owner(&self) -> Owner {
         self.inner.id.current_owner()
     }
 
     /// This client's id: a random uuid, the first part of every owner id it makes, and the
-    /// name release messages use for this client's turn.
+    /// name release messages use for this client's turn. Example:
+    /// [`LockClient::current_owner`]'s.
     pub fn id(&self) -> &str {
         self.inner.id.as_str()
     }
 
-    /// The key prefix.
+    /// The key prefix. Example:
+    /// [`LockClientBuilder::prefix`](crate::LockClientBuilder::prefix)'s.
     pub fn prefix(&self) -> &str {
         self.inner.prefix.as_str()
     }
 
-    /// The lease of watched holds (renewed every lease/3).
+    /// The lease of watched holds (renewed every lease/3). Example: [`LockClient`]'s.
     pub fn lease(&self) -> Duration {
         self.inner.holds.lease().duration()
     }
@@ -312,12 +346,35 @@ impl LockClient {
         &self.inner.redis
     }
 
-    /// Waiters of this client in a lock's queue right now.
+    /// Waiters of this client in a lock's queue right now: its acquires (and latch waits) still
+    /// waiting, a gauge of contention.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("report")?;
+    /// let guard = lock.lock().await?;
+    /// let waiting = tokio::spawn({
+    ///     let lock = lock.clone();
+    ///     async move { lock.lock().await.map(|g| g.detach()) } // another task: it waits
+    /// });
+    /// while client.subscribed_channels() == 0 {
+    ///     tokio::time::sleep(Duration::from_millis(10)).await; // until it listens for releases
+    /// }
+    /// assert_eq!(client.waiters(), 1);
+    /// guard.unlock().await?;
+    /// waiting.await.unwrap()?.unlock().await?;
+    /// assert_eq!(client.waiters(), 0);
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn waiters(&self) -> usize {
         self.inner.notifier.waiters()
     }
 
-    /// Release channels this client is subscribed to right now (lingering ones included).
+    /// Release channels this client is subscribed to right now (lingering ones included, for
+    /// [`subscription_linger`](crate::LockClientBuilder::subscription_linger) after their last
+    /// waiter left). Example: [`LockClient::waiters`]'s.
     pub fn subscribed_channels(&self) -> usize {
         self.inner.notifier.subscribed_channels()
     }
@@ -329,7 +386,23 @@ impl LockClient {
         self.inner.waking.by_timer()
     }
 
-    /// The hold table's counters.
+    /// The hold table's counters: how many holds this client keeps, and how their renewals
+    /// fare. For monitoring: a rising `lost` count means holders lost leases they still meant
+    /// to keep, and rising `errors`, renewals that did not reach Redis.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let (nightly, hourly) = (client.lock("nightly")?, client.lock("hourly")?);
+    /// let watched = nightly.lock().await?; // renewed by the watchdog
+    /// let fixed = hourly.lock_with_lease(Duration::from_secs(60)).await?; // never renewed
+    /// let stats = client.watchdog_stats();
+    /// assert_eq!((stats.holds, stats.fixed), (1, 1));
+    /// println!("{} renewals, {} lost, {} failed calls", stats.renewed, stats.lost, stats.errors);
+    /// # let _ = (watched, fixed);
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn watchdog_stats(&self) -> WatchdogStats {
         self.inner.holds.stats()
     }

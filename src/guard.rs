@@ -46,6 +46,7 @@ use crate::release::Release;
 /// let lock = client.lock("report")?;
 /// for _ in 0..3 {
 ///     let guard = lock.lock().await?.detach(); // waits until the previous worker released
+///     assert_eq!(guard.name(), "report");
 ///     tokio::spawn(async move {
 ///         // ... work under the lock ...
 ///         guard.unlock().await
@@ -108,18 +109,20 @@ impl<'a> LockGuard<'a> {
         }
     }
 
-    /// The lock name.
+    /// The lock name. Example: [`LockGuard`]'s.
     pub fn name(&self) -> &str {
         self.hold.keys.name()
     }
 
-    /// The owner this hold is counted under.
+    /// The owner this hold is counted under. Example:
+    /// [`LockClient::current_owner`](crate::LockClient::current_owner)'s.
     pub fn owner(&self) -> &Owner {
         &self.hold.owner
     }
 
     /// The fencing token of this grant: strictly higher than any earlier grant of this lock,
     /// the same for re-entries of one grant. Send it with every write to the protected resource.
+    /// Example: [`LockClient`](crate::LockClient)'s.
     pub fn fencing_token(&self) -> FencingToken {
         self.fence
     }
@@ -133,7 +136,7 @@ impl<'a> LockGuard<'a> {
     }
 
     /// The owner's hold count right after this acquire (1 for a first grant, more for
-    /// re-entries).
+    /// re-entries). Example: [`reentrant`](LockGuard::reentrant)'s.
     pub fn hold_count(&self) -> u64 {
         u64::from(self.hold_count)
     }
@@ -141,12 +144,13 @@ impl<'a> LockGuard<'a> {
     /// Whether the lease is still certainly valid as far as this process knows: the grant was
     /// not found gone (by a renewal, or by a later acquire), and the local validity deadline
     /// (send time of the last confirmed acquire or renewal + lease - drift) has not passed.
-    /// `false` is final for this guard.
+    /// `false` is final for this guard. Example: [`lost_reason`](LockGuard::lost_reason)'s.
     pub fn is_held(&self) -> bool {
         self.share.as_ref().is_some_and(HoldGuard::is_held)
     }
 
-    /// The instant until which the lease is certainly valid, unless renewed further.
+    /// The instant until which the lease is certainly valid, unless renewed further. Example:
+    /// [`extend`](LockGuard::extend)'s.
     pub fn valid_until(&self) -> Instant {
         self.share
             .as_ref()
@@ -155,7 +159,7 @@ impl<'a> LockGuard<'a> {
 
     /// Completes when the lease is lost: a renewal found the grant gone, or the local validity
     /// deadline passed without a confirmed renewal (Redis unreachable or paused, or this
-    /// process stalled).
+    /// process stalled). Example: [`lost_reason`](LockGuard::lost_reason)'s.
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.
@@ -184,6 +188,7 @@ impl<'a> LockGuard<'a> {
     /// let guard = lock.lock_with_lease(Duration::from_millis(50)).await?;
     /// assert_eq!(guard.lost_reason(), None);
     /// guard.lost().await;
+    /// assert!(!guard.is_held()); // final for this guard
     /// assert_eq!(guard.lost_reason(), Some(LostReason::Expired));
     /// # Ok::<(), leasehold::LockError>(()) });
     /// ```

@@ -29,6 +29,7 @@ use crate::wait::{self, Attempt, Line, Tried};
 /// # leasehold_testkit::with_redis(|url| async move {
 /// let client = leasehold::LockClient::connect(&url).await?;
 /// let ready = client.latch("migration:workers-ready")?;
+/// assert_eq!(ready.name(), "migration:workers-ready");
 /// ready.try_set_count(2).await?;
 /// let waiting = tokio::spawn({
 ///     let ready = ready.clone();
@@ -60,7 +61,7 @@ impl Latch {
         Latch { client, keys }
     }
 
-    /// The latch's name.
+    /// The latch's name. Example: [`Latch`]'s.
     pub fn name(&self) -> &str {
         self.keys.name()
     }
@@ -118,7 +119,19 @@ impl Latch {
         Ok(left)
     }
 
-    /// The count now (0: open).
+    /// The count now (0: open): how many count-downs the round still waits for. A snapshot, for
+    /// progress reports: to act on the latch opening, [`wait`](Latch::wait) for it.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let ready = client.latch("deploy:hosts-ready")?;
+    /// assert_eq!(ready.count().await?, 0); // never set: open
+    /// ready.try_set_count(3).await?;
+    /// ready.count_down().await?; // the first host is ready
+    /// assert_eq!(ready.count().await?, 2);
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub async fn count(&self) -> Result<u64> {
         let client = &self.client;
         let state = Box::pin(client.call(
@@ -130,6 +143,21 @@ impl Latch {
     }
 
     /// Waits until the count reaches zero (at once if it is zero, or was never set).
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let ready = client.latch("deploy:hosts-ready")?;
+    /// ready.wait().await?; // never set: returns at once
+    /// ready.try_set_count(1).await?;
+    /// let host = tokio::spawn({
+    ///     let ready = ready.clone();
+    ///     async move { ready.count_down().await }
+    /// });
+    /// ready.wait().await?; // until the host counted down
+    /// host.await.unwrap()?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped wait only leaves the client's local line (and its channel

@@ -79,12 +79,14 @@ impl Lock {
         self
     }
 
-    /// The lock name.
+    /// The lock name. Example:
+    /// [`LockClientBuilder::prefix`](crate::LockClientBuilder::prefix)'s.
     pub fn name(&self) -> &str {
         self.keys.name()
     }
 
-    /// The lock's keys and channel.
+    /// The lock's keys and channel, for looking at its state with other tools. Example:
+    /// [`LockClientBuilder::prefix`](crate::LockClientBuilder::prefix)'s.
     pub fn keys(&self) -> &LockKeys {
         &self.keys
     }
@@ -92,6 +94,26 @@ impl Lock {
     /// This handle, acquiring under `owner` instead of the current task. Tasks sharing an owner
     /// share (and re-enter) one hold; two futures joined in one task that must exclude each
     /// other use two owners.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let job = client.new_owner(); // one hold for the whole job, whichever task runs a step
+    /// let lock = client.lock("import")?.with_owner(job.clone());
+    /// assert_eq!(lock.owner(), job);
+    /// let guard = lock.lock().await?;
+    /// let step = tokio::spawn({
+    ///     let lock = lock.clone();
+    ///     async move {
+    ///         let inner = lock.lock().await?; // another task, the same owner: re-enters
+    ///         let count = inner.hold_count();
+    ///         inner.unlock().await.map(|()| count)
+    ///     }
+    /// });
+    /// assert_eq!(step.await.unwrap()?, 2);
+    /// guard.unlock().await?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn with_owner(mut self, owner: Owner) -> Lock {
         self.owner = Some(owner);
         self
@@ -140,7 +162,8 @@ impl Lock {
         self.reentrant
     }
 
-    /// The owner an acquire from here would use right now.
+    /// The owner an acquire from here would use right now: the handle's explicit owner, or
+    /// the current task's. Example: [`Lock::with_owner`]'s.
     pub fn owner(&self) -> Owner {
         self.owner
             .clone()
@@ -240,7 +263,19 @@ impl Lock {
     }
 
     /// Whether any owner holds the lock right now (a turn reservation or an `unlock_after`
-    /// tail counts as held).
+    /// tail counts as held). A snapshot, for dashboards and checks: it may change as soon as it
+    /// is read, so to act on a free lock, [`try_lock`](Lock::try_lock) it.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("report:daily")?;
+    /// assert!(!lock.is_locked().await?);
+    /// let guard = lock.lock().await?;
+    /// assert!(lock.is_locked().await?); // by any owner: this one too
+    /// guard.unlock().await?;
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub async fn is_locked(&self) -> Result<bool> {
         let client = &self.client;
         client
@@ -290,6 +325,18 @@ impl Lock {
 
     /// Releases the lock whoever holds it, and wakes its waiters. For operators: the holder is
     /// not told until its next renewal finds the lock gone. Returns whether a lock was removed.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let lock = client.lock("import")?;
+    /// let stuck = lock.lock().await?; // a holder that hangs
+    /// assert!(lock.force_unlock().await?); // the operator frees the lock
+    /// assert!(!lock.is_locked().await?);
+    /// assert!(!lock.force_unlock().await?); // nothing left to remove
+    /// drop(stuck); // its release finds the grant gone
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub async fn force_unlock(&self) -> Result<bool> {
         let client = &self.client;
         // Boxed: an operator's call, and a script call's future is large in a debug build.

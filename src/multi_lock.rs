@@ -40,6 +40,7 @@ use crate::{Lock, LockGuard, LAST_TRY_BUDGET};
 /// let guard = transfer.lock().await?;
 /// // ... move the money, fencing each write with its account's token ...
 /// assert_eq!(guard.fencing_tokens().len(), 2);
+/// assert_eq!(guard.guards()[0].name(), "account:42"); // in canonical order (by key)
 /// guard.unlock().await?;
 /// # Ok::<(), leasehold::LockError>(()) });
 /// ```
@@ -287,13 +288,13 @@ impl fmt::Debug for MultiLockGuard<'_> {
 }
 
 impl<'a> MultiLockGuard<'a> {
-    /// Each member's guard, in canonical order.
+    /// Each member's guard, in canonical order. Example: [`MultiLock`]'s.
     pub fn guards(&self) -> &[LockGuard<'a>] {
         &self.guards
     }
 
     /// Each member's name and fencing token, in canonical order: fence each write with the
-    /// token of the lock that protects what it writes.
+    /// token of the lock that protects what it writes. Example: [`MultiLock`]'s.
     pub fn fencing_tokens(&self) -> Vec<(&str, FencingToken)> {
         self.guards
             .iter()
@@ -301,12 +302,25 @@ impl<'a> MultiLockGuard<'a> {
             .collect()
     }
 
-    /// Whether every member's lease is still certainly valid.
+    /// Whether every member's lease is still certainly valid. Example:
+    /// [`lost`](MultiLockGuard::lost)'s.
     pub fn is_held(&self) -> bool {
         self.guards.iter().all(LockGuard::is_held)
     }
 
-    /// Completes as soon as any member's lease is lost.
+    /// Completes as soon as any member's lease is lost: the set is held only while all of it
+    /// is.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// use std::time::Duration;
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let transfer = client.multi_lock([client.lock("account:42")?, client.lock("account:7")?])?;
+    /// let guard = transfer.lock_with_lease(Duration::from_millis(100)).await?;
+    /// guard.lost().await; // the first member's lease to end ends the set
+    /// assert!(!guard.is_held());
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.

@@ -39,7 +39,8 @@ use crate::{Lock, LockClient, LockGuard};
 
 /// How long one server may take to answer one try, by default: a server that does not answer
 /// by then counts as not granting. Small against the lease (the Redlock paper's advice: a few
-/// milliseconds to tens of them for leases of seconds), large against a round trip.
+/// milliseconds to tens of them for leases of seconds), large against a round trip. Example:
+/// [`RedLock::server_timeout`]'s.
 pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// One lock over N **independent** Redis servers (no replication between them): held while a
@@ -57,6 +58,7 @@ pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_millis(100);
 ///     LockClient::connect("redis://redis-c:6379").await?,
 /// ])?;
 /// let lock = servers.lock("nightly-report")?;
+/// assert_eq!((lock.name(), lock.quorum(), lock.locks().len()), ("nightly-report", 2, 3));
 /// if let Some(guard) = lock.try_lock().await? {
 ///     // ... run the report; fence its writes with guard.fencing_token() ...
 ///     guard.unlock().await?;
@@ -129,6 +131,7 @@ impl RedLock {
     ///     ("c", LockClient::connect("redis://10.0.2.1:6379").await?),
     /// ])?;
     /// assert_eq!(servers.server_names(), ["a", "b", "c"]);
+    /// assert_eq!(servers.quorum(), 2); // any two of the three
     /// # Ok(()) }
     /// ```
     ///
@@ -176,6 +179,14 @@ impl RedLock {
     /// [`DEFAULT_SERVER_TIMEOUT`]): a dead or paused server then costs a round this much at
     /// most. Keep it well under the lease.
     ///
+    /// ```no_run
+    /// # async fn run(servers: leasehold::RedLock) -> leasehold::Result<()> {
+    /// use leasehold::DEFAULT_SERVER_TIMEOUT;
+    /// // Servers in other regions, up to 150 ms away: 300 ms a try, still well under the lease.
+    /// let servers = servers.server_timeout(DEFAULT_SERVER_TIMEOUT * 3)?;
+    /// # let _ = servers; Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// [`LockError::InvalidArgument`] for zero.
     pub fn server_timeout(mut self, timeout: Duration) -> Result<RedLock> {
@@ -188,7 +199,7 @@ impl RedLock {
         Ok(self)
     }
 
-    /// How many servers must grant: N/2+1.
+    /// How many servers must grant: N/2+1. Example: [`RedLock::named`]'s.
     pub fn quorum(&self) -> usize {
         self.clients.len() / 2 + 1
     }
@@ -262,17 +273,17 @@ struct Refused {
 static JOINING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 impl QuorumLock {
-    /// The lock name.
+    /// The lock name. Example: [`RedLock`]'s.
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// How many servers must grant: N/2+1.
+    /// How many servers must grant: N/2+1. Example: [`RedLock`]'s.
     pub fn quorum(&self) -> usize {
         self.locks.len() / 2 + 1
     }
 
-    /// The per-server handles, in the RedLock's canonical order.
+    /// The per-server handles, in the RedLock's canonical order. Example: [`RedLock`]'s.
     pub fn locks(&self) -> &[Lock] {
         &self.locks
     }
@@ -615,12 +626,26 @@ impl fmt::Debug for QuorumGuard<'_> {
 }
 
 impl<'a> QuorumGuard<'a> {
-    /// The lock name.
+    /// The lock name. Example: [`members`](QuorumGuard::members)'s.
     pub fn name(&self) -> &str {
         &self.lock.name
     }
 
-    /// The members' guards with their server's index, by index.
+    /// The members' guards with their server's index, by index: the servers that granted,
+    /// each with its own hold and fencing token.
+    ///
+    /// ```no_run
+    /// # async fn run(servers: leasehold::RedLock) -> leasehold::Result<()> {
+    /// let lock = servers.lock("nightly-report")?;
+    /// let guard = lock.lock().await?;
+    /// assert_eq!(guard.name(), "nightly-report");
+    /// for (server, member) in guard.members() {
+    ///     let name = &servers.server_names()[server];
+    ///     println!("{name} granted, token {}", member.fencing_token());
+    /// }
+    /// guard.unlock().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn members(&self) -> impl Iterator<Item = (usize, &LockGuard<'a>)> {
         self.members.iter().map(|(server, guard)| (*server, guard))
     }
@@ -631,7 +656,8 @@ impl<'a> QuorumGuard<'a> {
     }
 
     /// Whether a quorum of members is still certainly valid (and, for an explicit lease, the
-    /// Redlock validity has not run out). `false` is final for this guard.
+    /// Redlock validity has not run out). `false` is final for this guard. Example:
+    /// [`lost`](QuorumGuard::lost)'s.
     pub fn is_held(&self) -> bool {
         self.fixed_until.is_none_or(|until| Instant::now() < until)
             && self.held_members() >= self.lock.quorum()
@@ -639,7 +665,7 @@ impl<'a> QuorumGuard<'a> {
 
     /// The instant until which a quorum of members is certainly valid, unless renewed
     /// further: the quorum-th latest member deadline (for an explicit lease, no later than the
-    /// round's start + lease - drift).
+    /// round's start + lease - drift). Example: [`lost`](QuorumGuard::lost)'s.
     pub fn valid_until(&self) -> Instant {
         let mut untils: Vec<Instant> = self
             .members
@@ -658,6 +684,20 @@ impl<'a> QuorumGuard<'a> {
 
     /// Completes as soon as fewer than a quorum of members is valid (or an explicit lease's
     /// validity ran out).
+    ///
+    /// ```no_run
+    /// # async fn run(servers: leasehold::RedLock) -> leasehold::Result<()> {
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// let lock = servers.lock("nightly-report")?;
+    /// let guard = lock.lock_with_lease(Duration::from_secs(10)).await?;
+    /// assert!(guard.is_held());
+    /// let left = guard.valid_until().saturating_duration_since(Instant::now());
+    /// println!("certainly held {left:?} more");
+    /// guard.lost().await; // the validity ran out, or a quorum of members was lost
+    /// assert!(!guard.is_held());
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.
@@ -771,24 +811,44 @@ pub struct QuorumToken {
 impl QuorumToken {
     /// A token from each server's (`None`: that server did not grant), by server index: for a
     /// store that kept one and reads it back.
+    ///
+    /// ```
+    /// use leasehold::{FencingToken, QuorumToken};
+    /// let t = FencingToken::new;
+    /// // Read back from the store's columns, one per server (NULL: that server did not grant).
+    /// let stored = QuorumToken::from_tokens([Some(t(7)), None, Some(t(3))]);
+    /// assert_eq!(stored.get(0), Some(t(7)));
+    /// assert_eq!(stored.get(1), None);
+    /// assert_eq!(stored.tokens().len(), 3);
+    /// ```
     pub fn from_tokens(tokens: impl IntoIterator<Item = Option<FencingToken>>) -> QuorumToken {
         QuorumToken {
             tokens: tokens.into_iter().collect(),
         }
     }
 
-    /// Server `server`'s token, if it granted.
+    /// Server `server`'s token, if it granted. Example:
+    /// [`from_tokens`](QuorumToken::from_tokens)'s.
     pub fn get(&self, server: usize) -> Option<FencingToken> {
         self.tokens.get(server).copied().flatten()
     }
 
-    /// Every server's token, by index (`None`: did not grant).
+    /// Every server's token, by index (`None`: did not grant). Example:
+    /// [`from_tokens`](QuorumToken::from_tokens)'s.
     pub fn tokens(&self) -> &[Option<FencingToken>] {
         &self.tokens
     }
 
     /// Whether a write fenced with this token must be refused by a store whose latest accepted
     /// token is `latest`: on some server that both name, this token is lower.
+    ///
+    /// ```
+    /// use leasehold::{FencingToken, QuorumToken};
+    /// let t = |v: [Option<u64>; 3]| QuorumToken::from_tokens(v.map(|x| x.map(FencingToken::new)));
+    /// let latest = t([Some(8), Some(40), None]); // the store accepted a write of this grant
+    /// assert!(t([Some(7), None, Some(900)]).is_older_than(&latest)); // lower on server 0: stale
+    /// assert!(!t([None, Some(41), Some(5)]).is_older_than(&latest)); // a later grant
+    /// ```
     pub fn is_older_than(&self, latest: &QuorumToken) -> bool {
         self.tokens
             .iter()
@@ -796,7 +856,16 @@ impl QuorumToken {
             .any(|(mine, theirs)| matches!((mine, theirs), (Some(m), Some(t)) if m < t))
     }
 
-    /// The per-server maximum of the two: what a store keeps after accepting a write.
+    /// The per-server maximum of the two: what a store keeps after accepting a write, so that
+    /// it refuses the writes of every grant before either.
+    ///
+    /// ```
+    /// use leasehold::{FencingToken, QuorumToken};
+    /// let t = |v: [Option<u64>; 3]| QuorumToken::from_tokens(v.map(|x| x.map(FencingToken::new)));
+    /// let stored = t([Some(8), Some(40), None]);
+    /// let accepted = t([None, Some(41), Some(5)]); // a write fenced with this one went in
+    /// assert_eq!(stored.merged(&accepted), t([Some(8), Some(41), Some(5)]));
+    /// ```
     pub fn merged(&self, other: &QuorumToken) -> QuorumToken {
         let len = self.tokens.len().max(other.tokens.len());
         let tokens = (0..len)

@@ -42,6 +42,7 @@ use crate::Lock;
 /// # leasehold_testkit::with_redis(|url| async move {
 /// let client = leasehold::LockClient::connect(&url).await?;
 /// let config = client.rw_lock("config")?;
+/// assert_eq!(config.name(), "config");
 /// let (a, b) = tokio::join!(config.read().lock(), async {
 ///     // another task: another owner, reading at the same time
 ///     tokio::spawn({
@@ -81,17 +82,18 @@ impl RwLock {
         }
     }
 
-    /// The lock name.
+    /// The lock name. Example: [`RwLock`]'s.
     pub fn name(&self) -> &str {
         self.read.name()
     }
 
-    /// The read side: shared with every other reader, excluded by a writer.
+    /// The read side: shared with every other reader, excluded by a writer. Example:
+    /// [`RwLock`]'s.
     pub fn read(&self) -> &Lock {
         &self.read
     }
 
-    /// The write side: exclusive.
+    /// The write side: exclusive. Example: [`RwLock`]'s.
     pub fn write(&self) -> &Lock {
         &self.write
     }

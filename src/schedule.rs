@@ -9,6 +9,17 @@ use tokio::time::Instant;
 use crate::Lock;
 
 /// How long a scheduled run keeps its lock (ShedLock's `lockAtMostFor` / `lockAtLeastFor`).
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold::schedule::RunOnceOptions;
+/// let options = RunOnceOptions {
+///     hold_at_most: Duration::from_secs(600),
+///     hold_at_least: Duration::from_secs(30),
+/// };
+/// let built = RunOnceOptions::at_most(Duration::from_secs(600)).at_least(Duration::from_secs(30));
+/// assert_eq!(options, built);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunOnceOptions {
     /// The lock is held at most this long, even if this instance dies mid-job: the lease.
@@ -20,7 +31,17 @@ pub struct RunOnceOptions {
 }
 
 impl RunOnceOptions {
-    /// Hold at most `hold_at_most`, and at least nothing extra.
+    /// Hold at most `hold_at_most`, and at least nothing extra: the lock is free as soon as
+    /// the job ends.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold::schedule::RunOnceOptions;
+    /// // The job takes about a minute: should this instance die mid-run, the lock still ends
+    /// // 10 min after the start.
+    /// let options = RunOnceOptions::at_most(Duration::from_secs(600));
+    /// assert_eq!(options.hold_at_least, Duration::ZERO);
+    /// ```
     pub fn at_most(hold_at_most: Duration) -> RunOnceOptions {
         RunOnceOptions {
             hold_at_most,
@@ -28,7 +49,17 @@ impl RunOnceOptions {
         }
     }
 
-    /// Also hold at least `hold_at_least` from the start.
+    /// Also hold at least `hold_at_least` from the start: longer than the instances' scheduler
+    /// clocks differ, so a run that ends at once still keeps a late instance out.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold::schedule::RunOnceOptions;
+    /// // The instances' clocks differ by a few seconds: keep the slot 30 s, however short the run.
+    /// let options = RunOnceOptions::at_most(Duration::from_secs(600))
+    ///     .at_least(Duration::from_secs(30));
+    /// assert_eq!(options.hold_at_least, Duration::from_secs(30));
+    /// ```
     pub fn at_least(mut self, hold_at_least: Duration) -> RunOnceOptions {
         self.hold_at_least = hold_at_least;
         self

@@ -30,9 +30,11 @@ use crate::{Lock, LockGuard};
 /// let client = leasehold::LockClient::connect(&url).await?;
 /// let exports = client.semaphore("exports")?;
 /// exports.try_set_permits(2).await?; // at most two exports at once, fleet-wide
+/// assert_eq!(exports.permits().await?, 2);
 /// let permit = exports.acquire(1).await?;
 /// assert_eq!(exports.available_permits().await?, 1);
-/// // ... run the export, passing permit.fencing_token() to the store ...
+/// // ... run the export, passing its fencing token to the store ...
+/// println!("exporting under token {}", permit.fencing_token());
 /// permit.release().await?;
 /// # Ok::<(), leasehold::LockError>(()) });
 /// ```
@@ -57,12 +59,22 @@ impl Semaphore {
         }
     }
 
-    /// The semaphore's name.
+    /// The semaphore's name. Example: [`Semaphore::keys`]'s.
     pub fn name(&self) -> &str {
         self.lock.name()
     }
 
-    /// The semaphore's keys.
+    /// The semaphore's keys: where its number of permits and the permits taken are kept, for
+    /// looking at them with other tools.
+    ///
+    /// ```
+    /// # leasehold_testkit::with_redis(|url| async move {
+    /// let client = leasehold::LockClient::connect(&url).await?;
+    /// let exports = client.semaphore("exports")?;
+    /// assert_eq!(exports.name(), "exports");
+    /// assert_eq!(exports.keys().hash(), "leasehold:{exports}");
+    /// # Ok::<(), leasehold::LockError>(()) });
+    /// ```
     pub fn keys(&self) -> &LockKeys {
         self.lock.keys()
     }
@@ -129,13 +141,14 @@ impl Semaphore {
         self.change(SemaphoreChange::Delete).await
     }
 
-    /// The number of permits (0 when never set).
+    /// The number of permits (0 when never set). Example: [`Semaphore`]'s.
     pub async fn permits(&self) -> Result<u64> {
         Ok(self.state().await?.0.max(0) as u64)
     }
 
     /// Permits not taken now (negative after the number was lowered below what is taken).
-    /// Expired permits that no call has given back yet still count as taken.
+    /// Expired permits that no call has given back yet still count as taken. Example:
+    /// [`Semaphore`]'s.
     pub async fn available_permits(&self) -> Result<i64> {
         let (permits, used) = self.state().await?;
         Ok(permits - used)
@@ -273,12 +286,13 @@ impl Permit {
         self.guard.owner().id()
     }
 
-    /// How many permits it holds.
+    /// How many permits it holds. Example: [`Permit::extend`]'s.
     pub fn permits(&self) -> u32 {
         self.permits
     }
 
-    /// Its fencing token: larger than every token granted before on this name.
+    /// Its fencing token: larger than every token granted before on this name. Example:
+    /// [`Semaphore`]'s.
     pub fn fencing_token(&self) -> FencingToken {
         self.guard.fencing_token()
     }
@@ -294,12 +308,13 @@ impl Permit {
         self.guard.is_held()
     }
 
-    /// The instant until which its lease is certainly valid.
+    /// The instant until which its lease is certainly valid. Example: [`Permit::extend`]'s.
     pub fn valid_until(&self) -> Instant {
         self.guard.valid_until()
     }
 
-    /// Completes when the permits are lost (lease ended, semaphore deleted).
+    /// Completes when the permits are lost (lease ended, semaphore deleted). Example:
+    /// [`Permit::lost_reason`]'s.
     pub async fn lost(&self) {
         self.guard.lost().await
     }
@@ -334,7 +349,9 @@ impl Permit {
     /// let exports = client.semaphore("exports")?;
     /// exports.try_set_permits(2).await?;
     /// let permit = exports.acquire_with_lease(1, Duration::from_secs(5)).await?;
+    /// assert_eq!(permit.permits(), 1);
     /// permit.extend(Duration::from_secs(30)).await?;
+    /// assert!(permit.valid_until() > tokio::time::Instant::now() + Duration::from_secs(20));
     /// permit.release().await?;
     /// # Ok::<(), leasehold::LockError>(()) });
     /// ```
