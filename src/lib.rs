@@ -58,6 +58,7 @@ mod builder;
 mod client;
 mod connect;
 mod guard;
+mod hold;
 mod latch;
 mod lock;
 mod multi_lock;
@@ -75,6 +76,7 @@ pub use builder::{
 };
 pub use client::{LockClient, LAST_TRY_BUDGET};
 pub use guard::LockGuard;
+pub use hold::Hold;
 pub use latch::Latch;
 pub use leasehold_core::protocol::DEFAULT_TURN_GRACE;
 pub use leasehold_core::{

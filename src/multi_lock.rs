@@ -308,6 +308,17 @@ impl<'a> MultiLockGuard<'a> {
         self.guards.iter().all(LockGuard::is_held)
     }
 
+    /// The instant until which every member's lease is certainly valid, unless renewed
+    /// further: the earliest member's. Example: [`Hold`](crate::Hold)'s, which any guard of
+    /// a set is.
+    pub fn valid_until(&self) -> Instant {
+        self.guards
+            .iter()
+            .map(LockGuard::valid_until)
+            .min()
+            .expect("a multi-lock has members")
+    }
+
     /// Completes as soon as any member's lease is lost: the set is held only while all of it
     /// is.
     ///

@@ -555,3 +555,66 @@ async fn a_waiter_does_not_poll_a_lock_held_by_a_bare_quorum() {
         .expect("woken by the release")
         .unwrap();
 }
+
+/// Generic code holds any kind through `leasehold::Hold`: a lock's guard, a permit, a
+/// multi-lock's guard and a quorum's guard each say they hold, until when, run work while they
+/// hold, and report a lost lease the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_guard_kind_is_a_hold_for_generic_code() {
+    use leasehold::Hold;
+
+    async fn works_while_held<H: Hold>(hold: &H, what: &str) {
+        assert!(hold.is_held(), "{what}");
+        assert!(hold.valid_until() > Instant::now(), "{what}");
+        assert_eq!(hold.run_while_held(async { 7 }).await.unwrap(), 7, "{what}");
+    }
+    async fn lost_is_final<H: Hold>(hold: &H, what: &str) {
+        tokio::time::timeout(Duration::from_secs(10), hold.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the lease ends"));
+        assert!(!hold.is_held(), "{what}");
+        assert!(
+            matches!(
+                hold.run_while_held(async {}).await,
+                Err(LockError::LeaseLost { .. })
+            ),
+            "{what}"
+        );
+    }
+
+    let short = Duration::from_millis(200);
+    let servers = servers(3);
+    let red = red_lock(
+        &servers,
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+    )
+    .await;
+    let client = common::client(&servers[0].url()).await;
+
+    let lock = client.lock("hold-lock").unwrap();
+    let guard = lock.lock_with_lease(short).await.unwrap();
+    works_while_held(&guard, "a lock's guard").await;
+    lost_is_final(&guard, "a lock's guard").await;
+
+    let sem = client.semaphore("hold-permits").unwrap();
+    assert!(sem.try_set_permits(1).await.unwrap());
+    let permit = sem.acquire_with_lease(1, short).await.unwrap();
+    works_while_held(&permit, "a permit").await;
+    lost_is_final(&permit, "a permit").await;
+
+    let set = client
+        .multi_lock([
+            client.lock("hold-a").unwrap(),
+            client.lock("hold-b").unwrap(),
+        ])
+        .unwrap();
+    let all = set.lock_with_lease(short).await.unwrap();
+    works_while_held(&all, "a multi-lock's guard").await;
+    lost_is_final(&all, "a multi-lock's guard").await;
+
+    let quorum = red.lock("hold-quorum").unwrap();
+    let held = quorum.lock_with_lease(short).await.unwrap();
+    works_while_held(&held, "a quorum's guard").await;
+    lost_is_final(&held, "a quorum's guard").await;
+}
