@@ -358,3 +358,48 @@ async fn a_red_lock_over_timer_clients_is_woken_by_the_timer() {
         assert_eq!(redis.command_calls("subscribe").unwrap(), 0, "no SUBSCRIBE");
     }
 }
+
+/// A timer waiter that gives up (its bounded wait ends, or its future is dropped) leaves
+/// nothing behind: no entry in a fair lock's or a semaphore's line, no turn-queue entry, no
+/// subscription, and the holder's state untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_waiter_that_gives_up_leaves_nothing() {
+    let redis = server();
+    let holder = build(&redis.url(), Waking::timer()).await;
+    let waiter = build(&redis.url(), Waking::timer()).await;
+    let plain = holder.lock("given-up").unwrap();
+    let fair = holder.fair_lock("given-up-fair").unwrap();
+    let sem = holder.semaphore("given-up-sem").unwrap();
+    assert!(sem.try_set_permits(1).await.unwrap());
+    let (g1, g2) = (plain.lock().await.unwrap(), fair.lock().await.unwrap());
+    let permit = sem.acquire(1).await.unwrap();
+    let before = lock_keys(&redis);
+
+    let wait = Duration::from_millis(300);
+    let lock = waiter.lock("given-up").unwrap();
+    assert!(lock.try_lock_for(wait).await.unwrap().is_none());
+    let lock = waiter.fair_lock("given-up-fair").unwrap();
+    assert!(lock.try_lock_for(wait).await.unwrap().is_none());
+    let wanted = waiter.semaphore("given-up-sem").unwrap();
+    assert!(wanted.try_acquire_for(1, wait).await.unwrap().is_none());
+    // Dropped mid-wait: a fair waiter whose entry is in the line.
+    let lock = waiter.fair_lock("given-up-fair").unwrap();
+    let waiters_key = lock.keys().waiters();
+    let dropped = tokio::spawn(async move { lock.lock().await.map(drop) });
+    until_queued(&redis, &waiters_key, 1).await;
+    dropped.abort();
+    until_queued(&redis, &waiters_key, 0).await;
+
+    assert!(
+        common::eventually(Duration::from_secs(10), || lock_keys(&redis) == before).await,
+        "left behind: {:?}, before the waits: {before:?}",
+        lock_keys(&redis)
+    );
+    assert_eq!((waiter.waiters(), waiter.subscribed_channels()), (0, 0));
+    assert!(g1.is_held() && g2.is_held() && permit.is_held());
+    g1.unlock().await.unwrap();
+    g2.unlock().await.unwrap();
+    permit.release().await.unwrap();
+    cmd(&redis, &["DEL", "leasehold:{given-up-sem}"]);
+    assert!(common::eventually(Duration::from_secs(10), || lock_keys(&redis).is_empty()).await);
+}
