@@ -684,7 +684,9 @@ impl LockClientBuilder {
             .await?;
         if silent && self.waking == Waking::Auto {
             tracing::warn!(
-                "the server refuses PUBLISH on leasehold's channels: waiters are woken by a                  timer (a release is noticed up to {:?} late); grant the channel rights                  (&{}:*), or choose Waking::Timer to say so",
+                "the server refuses PUBLISH on leasehold's channels: waiters are woken by a \
+                 timer (a release is noticed up to {:?} late); grant the channel rights \
+                 (&{}:*), or choose Waking::Timer to say so",
                 Waking::TIMER_MAX,
                 prefix.as_str()
             );
