@@ -64,86 +64,31 @@ pub trait Hold {
     ) -> impl Future<Output = Result<F::Output>> + Send;
 }
 
-impl Hold for LockGuard<'_> {
-    fn is_held(&self) -> bool {
-        LockGuard::is_held(self)
-    }
+/// Each guard's own methods, as the trait's: the four types keep their inherent API (no import
+/// needed), and generic code gets the same calls.
+macro_rules! hold_by_own_methods {
+    ($($guard:ty),+) => {$(
+        impl Hold for $guard {
+            fn is_held(&self) -> bool {
+                <$guard>::is_held(self)
+            }
 
-    fn valid_until(&self) -> Instant {
-        LockGuard::valid_until(self)
-    }
+            fn valid_until(&self) -> Instant {
+                <$guard>::valid_until(self)
+            }
 
-    fn lost(&self) -> impl Future<Output = ()> + Send {
-        LockGuard::lost(self)
-    }
+            fn lost(&self) -> impl Future<Output = ()> + Send {
+                <$guard>::lost(self)
+            }
 
-    fn run_while_held<F: Future + Send>(
-        &self,
-        work: F,
-    ) -> impl Future<Output = Result<F::Output>> + Send {
-        LockGuard::run_while_held(self, work)
-    }
+            fn run_while_held<F: Future + Send>(
+                &self,
+                work: F,
+            ) -> impl Future<Output = Result<F::Output>> + Send {
+                <$guard>::run_while_held(self, work)
+            }
+        }
+    )+};
 }
 
-impl Hold for Permit {
-    fn is_held(&self) -> bool {
-        Permit::is_held(self)
-    }
-
-    fn valid_until(&self) -> Instant {
-        Permit::valid_until(self)
-    }
-
-    fn lost(&self) -> impl Future<Output = ()> + Send {
-        Permit::lost(self)
-    }
-
-    fn run_while_held<F: Future + Send>(
-        &self,
-        work: F,
-    ) -> impl Future<Output = Result<F::Output>> + Send {
-        Permit::run_while_held(self, work)
-    }
-}
-
-impl Hold for MultiLockGuard<'_> {
-    fn is_held(&self) -> bool {
-        MultiLockGuard::is_held(self)
-    }
-
-    fn valid_until(&self) -> Instant {
-        MultiLockGuard::valid_until(self)
-    }
-
-    fn lost(&self) -> impl Future<Output = ()> + Send {
-        MultiLockGuard::lost(self)
-    }
-
-    fn run_while_held<F: Future + Send>(
-        &self,
-        work: F,
-    ) -> impl Future<Output = Result<F::Output>> + Send {
-        MultiLockGuard::run_while_held(self, work)
-    }
-}
-
-impl Hold for QuorumGuard<'_> {
-    fn is_held(&self) -> bool {
-        QuorumGuard::is_held(self)
-    }
-
-    fn valid_until(&self) -> Instant {
-        QuorumGuard::valid_until(self)
-    }
-
-    fn lost(&self) -> impl Future<Output = ()> + Send {
-        QuorumGuard::lost(self)
-    }
-
-    fn run_while_held<F: Future + Send>(
-        &self,
-        work: F,
-    ) -> impl Future<Output = Result<F::Output>> + Send {
-        QuorumGuard::run_while_held(self, work)
-    }
-}
+hold_by_own_methods!(LockGuard<'_>, Permit, MultiLockGuard<'_>, QuorumGuard<'_>);
