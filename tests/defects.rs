@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, cmd, exists, hget, pttl, server};
+use common::{client, cmd, exists, hget, pttl, server, set_user};
 use fred::interfaces::ClientLike;
 use leasehold::{Lock, LockClient, LockError};
 use leasehold_testkit::{Proxy, RedisServer};
@@ -68,12 +68,6 @@ async fn until_answers(lock: &Lock) {
             Err(e) => panic!("the client did not come back: {e}"),
         }
     }
-}
-
-fn set_user(redis: &RedisServer, name: &str, rule: &str) {
-    let mut args = vec!["ACL", "SETUSER", name];
-    args.extend(rule.split_whitespace());
-    cmd(redis, &args);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ mod common;
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
-use common::{cmd, exists, hget};
+use common::{cmd, exists, hget, set_user, ACL_RULE};
 use leasehold::schedule::{run_once, RunOnce, RunOnceOptions};
 use leasehold::{LockClient, LockError, Owner};
 use leasehold_core::commands::{self, ReleaseKind};
@@ -238,23 +238,6 @@ async fn without_the_tls_feature_rediss_is_refused() {
 // ---------------------------------------------------------------------------------------------
 // ACL
 // ---------------------------------------------------------------------------------------------
-
-/// The least-privilege user for the default prefix, verified below: every lock kind works and
-/// Redis logs no refusal. (docs/guide.md, "Redis ACL".) `+info +client|id` are optional: fred
-/// asks for them after connecting and carries on if refused (ACL LOG then shows it). Add
-/// `+select` when the URL names a database and `+ping` for a user without a password (fred
-/// pings instead of AUTH); `missing_rights_are_permission_denied` shows both refusals.
-const ACL_RULE: &str = "on >s3cr3t-Pa55 resetkeys ~leasehold:* resetchannels &leasehold:* -@all \
-    +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe +ping \
-    +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +hkeys +del +pexpire +pttl \
-    +zadd +zpopmin +publish +zrange +zrangebyscore +zscore +zcard +zrank \
-    +info +client|id";
-
-fn set_user(redis: &RedisServer, name: &str, rule: &str) {
-    let mut args = vec!["ACL", "SETUSER", name];
-    args.extend(rule.split_whitespace());
-    cmd(redis, &args);
-}
 
 /// `ACL LOG` entries as `reason=... object=...` lines.
 fn acl_log(redis: &RedisServer) -> Vec<String> {

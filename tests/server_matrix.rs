@@ -11,9 +11,12 @@
 //!   `WAITAOF` where the server lacks it (before Redis 7.2) or the ACL refuses it.
 //! - A server that refuses `SUBSCRIBE` serves locks that need no wait; a wait fails at once.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::set_user;
 use leasehold::{LockClient, LockError, ReplicaSync};
 use leasehold_testkit::{RedisCluster, RedisServer};
 
@@ -47,12 +50,6 @@ async fn build(url: &str, sync: ReplicaSync) -> leasehold::Result<LockClient> {
         .replica_sync(sync)
         .build()
         .await
-}
-
-fn set_user(server: &RedisServer, name: &str, rule: &str) {
-    let mut args = vec!["ACL", "SETUSER", name];
-    args.extend(rule.split_whitespace());
-    server.command(&args).expect("ACL SETUSER");
 }
 
 /// A holder with a 30 s lease releases; the waiter on another client must have the lock well
@@ -284,14 +281,10 @@ async fn without_subscribe_waits_fail_at_once_or_turn_to_the_timer() {
                 .map(|g| g.map(|g| g.detach()))
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.wakes_by_timer() {
-        assert!(
-            Instant::now() < deadline,
-            "the refused SUBSCRIBE turned nothing"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || c.wakes_by_timer()).await,
+        "the refused SUBSCRIBE turned nothing"
+    );
     let released = Instant::now();
     guard.unlock().await.unwrap();
     let got = waiting

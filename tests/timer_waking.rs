@@ -4,26 +4,18 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{cmd, lock_keys, server, until_queued};
+use common::{cmd, lock_keys, server, set_user, until_queued, Order, ACL_RULE};
 use leasehold::{LockClient, Waking};
 use leasehold_testkit::RedisServer;
-use parking_lot::Mutex;
 
-/// The documented ACL rule (docs/deployments.md) without any channel: no PUBLISH and no
-/// SUBSCRIBE of leasehold's channels.
-const NO_CHANNELS: &str = "on >pw resetkeys ~leasehold:* resetchannels -@all \
-    +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe +ping \
-    +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +hkeys +del +pexpire +pttl \
-    +zadd +zpopmin +publish +zrange +zrangebyscore +zscore +zcard +zrank \
-    +info +client|id";
-
-fn set_user(redis: &RedisServer, name: &str, rule: &str) {
-    let mut args = vec!["ACL", "SETUSER", name];
-    args.extend(rule.split_whitespace());
-    cmd(redis, &args);
+/// The documented ACL rule (`common::ACL_RULE`) without any channel: no PUBLISH and no
+/// SUBSCRIBE of leasehold's channels; password `pw`.
+fn no_channels() -> String {
+    ACL_RULE
+        .replace(">s3cr3t-Pa55", ">pw")
+        .replace(" &leasehold:*", "")
 }
 
 fn acl_denials(redis: &RedisServer) -> usize {
@@ -62,9 +54,15 @@ async fn waits_and_gets_in<G: Send + 'static>(
         .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-/// Gives a waiter time to make its first tries (it must not get in meanwhile).
-async fn a_while() {
-    tokio::time::sleep(Duration::from_millis(150)).await;
+/// Until `waiter`'s first try was answered busy: it is in its client's local line (`waiters`)
+/// and the server ran a script since `scripts_before` (the holder only holds meanwhile).
+async fn until_tried(redis: &RedisServer, waiter: &LockClient, scripts_before: u64) {
+    assert!(
+        common::eventually(Duration::from_secs(10), || waiter.waiters() == 1
+            && common::script_calls(redis) > scripts_before)
+        .await,
+        "the waiter never tried"
+    );
 }
 
 /// Every kind waits and is served with `holder` and `waiter` (both woken by timer, or one of
@@ -74,10 +72,11 @@ async fn every_kind(redis: &RedisServer, holder: &LockClient, waiter: &LockClien
     let held = holder.lock("plain").unwrap();
     let guard = held.lock().await.unwrap();
     let lock = waiter.lock("plain").unwrap();
+    let before = common::script_calls(redis);
     let got = waits_and_gets_in(
         "plain lock",
         async move { lock.lock().await.map(|g| g.detach()) },
-        a_while(),
+        until_tried(redis, waiter, before),
         async { guard.unlock().await.unwrap() },
     )
     .await;
@@ -101,10 +100,11 @@ async fn every_kind(redis: &RedisServer, holder: &LockClient, waiter: &LockClien
     let rw = holder.rw_lock("rw").unwrap();
     let write = rw.write().lock().await.unwrap();
     let reader = waiter.rw_lock("rw").unwrap();
+    let line = reader.read().keys().waiters();
     let read = waits_and_gets_in(
         "read side",
         async move { reader.read().lock().await.map(|g| g.detach()) },
-        a_while(),
+        until_queued(redis, &line, 1),
         async { write.unlock().await.unwrap() },
     )
     .await;
@@ -112,7 +112,7 @@ async fn every_kind(redis: &RedisServer, holder: &LockClient, waiter: &LockClien
     let write = waits_and_gets_in(
         "write side",
         async move { writer.write().lock().await.map(|g| g.detach()) },
-        a_while(),
+        until_queued(redis, &line, 1),
         async { read.unlock().await.unwrap() },
     )
     .await;
@@ -123,10 +123,11 @@ async fn every_kind(redis: &RedisServer, holder: &LockClient, waiter: &LockClien
     assert!(sem.try_set_permits(2).await.unwrap());
     let held = sem.acquire(2).await.unwrap();
     let wanted = waiter.semaphore("sem").unwrap();
+    let line = wanted.keys().waiters();
     let permit = waits_and_gets_in(
         "semaphore",
         async move { wanted.acquire(2).await },
-        a_while(),
+        until_queued(redis, &line, 1),
         async { held.release().await.unwrap() },
     )
     .await;
@@ -140,7 +141,10 @@ async fn every_kind(redis: &RedisServer, holder: &LockClient, waiter: &LockClien
     let opened = waits_and_gets_in(
         "latch",
         async move { waiting.wait_for(Duration::from_secs(60)).await },
-        a_while(),
+        // (A latch wait looks at the count before it lines up.)
+        async {
+            assert!(common::eventually(Duration::from_secs(10), || waiter.waiters() == 1).await)
+        },
         async { assert_eq!(latch.count_down().await.unwrap(), 0) },
     )
     .await;
@@ -201,7 +205,7 @@ async fn a_timer_clients_release_wakes_a_waiter_that_listens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_channel_rights_every_kind_waits_by_timer() {
     let redis = server();
-    set_user(&redis, "nochannels", NO_CHANNELS);
+    set_user(&redis, "nochannels", &no_channels());
     let url = format!("redis://nochannels:pw@127.0.0.1:{}", redis.port());
     let holder = build(&url, Waking::Auto).await;
     let waiter = build(&url, Waking::Auto).await;
@@ -241,8 +245,8 @@ async fn a_refused_subscribe_turns_an_auto_client_to_the_timer() {
     set_user(
         &redis,
         "nosubscribe",
-        &NO_CHANNELS
-            .replace("resetchannels", "resetchannels &leasehold:*")
+        &ACL_RULE
+            .replace(">s3cr3t-Pa55", ">pw")
             .replace("+subscribe", "-subscribe"),
     );
     let url = format!("redis://nosubscribe:pw@127.0.0.1:{}", redis.port());
@@ -278,26 +282,19 @@ async fn a_fair_lock_woken_by_timer_serves_in_arrival_order() {
     for _ in 0..3 {
         clients.push(build(&redis.url(), Waking::timer()).await);
     }
-    let order = Arc::new(Mutex::new(Vec::new()));
+    let order = Order::default();
+    let labels = ["0", "1", "2", "3", "4", "5"];
     let mut tasks = Vec::new();
-    for i in 0..6 {
+    for (i, label) in labels.into_iter().enumerate() {
         let lock = clients[i % 3].fair_lock("ordered").unwrap();
-        let order = order.clone();
-        tasks.push(tokio::spawn(async move {
-            let guard = lock.lock().await.unwrap();
-            order.lock().push(i);
-            guard.unlock().await.unwrap();
-        }));
+        tasks.push(order.spawn(label, async move { lock.lock().await.map(|g| g.detach()) }));
         until_queued(&redis, &waiters_key, i as i64 + 1).await;
     }
     guard.unlock().await.unwrap();
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(60), task)
-            .await
-            .expect("every waiter gets the lock")
-            .unwrap();
+        task.await.expect("every waiter gets the lock");
     }
-    assert_eq!(*order.lock(), (0..6).collect::<Vec<_>>());
+    assert_eq!(order.served(), labels);
     assert_eq!(lock_keys(&redis), Vec::<String>::new());
 }
 
@@ -340,7 +337,9 @@ async fn a_red_lock_over_timer_clients_is_woken_by_the_timer() {
         (got, started.elapsed())
     };
     let release = async {
-        a_while().await;
+        // Once the waiter is in line on every server.
+        let in_line = || waiter.clients().iter().all(|c| c.waiters() == 1);
+        assert!(common::eventually(Duration::from_secs(10), in_line).await);
         guard.unlock().await.unwrap();
     };
     let ((got, waited), ()) = tokio::time::timeout(Duration::from_secs(20), async {

@@ -382,3 +382,21 @@ pub async fn locked_once_answering(lock: &leasehold::Lock) -> bool {
         }
     }
 }
+
+/// The least-privilege user for the default prefix (docs/guide.md, "Redis ACL"), with the
+/// password `s3cr3t-Pa55`: every lock kind works and Redis logs no refusal
+/// (tests/security.rs verifies it). `+info +client|id` are optional: fred asks for them after
+/// connecting and carries on if refused (ACL LOG then shows it). Add `+select` when the URL
+/// names a database and `+ping` for a user without a password (fred pings instead of AUTH).
+pub const ACL_RULE: &str = "on >s3cr3t-Pa55 resetkeys ~leasehold:* resetchannels &leasehold:* \
+    -@all +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe +ping \
+    +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +hkeys +del +pexpire +pttl \
+    +zadd +zpopmin +publish +zrange +zrangebyscore +zscore +zcard +zrank \
+    +info +client|id";
+
+/// `ACL SETUSER name rule...` on `server`.
+pub fn set_user(server: &RedisServer, name: &str, rule: &str) {
+    let mut args = vec!["ACL", "SETUSER", name];
+    args.extend(rule.split_whitespace());
+    server.command(&args).expect("ACL SETUSER");
+}
