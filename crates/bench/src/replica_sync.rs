@@ -134,38 +134,34 @@ async fn timed_pair(lock: &leasehold::Lock) -> anyhow::Result<Option<Duration>> 
 }
 
 /// Runs `timed` back to back for `slice`; the median of the times it reports, in microseconds.
-/// A sample it does not count (`None`) is retried; a run of 100 of them in a row fails.
 async fn median<F, Fut>(slice: Duration, mut timed: F) -> anyhow::Result<f64>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Option<Duration>>>,
 {
-    let mut uncounted = 0;
+    for _ in 0..50 {
+        counted(&mut timed).await?;
+    }
+    let until = Instant::now() + slice;
     let mut times = Vec::new();
-    let mut warm = 50;
-    let mut until = None;
-    loop {
-        if warm == 0 && until.is_none() {
-            until = Some(Instant::now() + slice);
-        }
-        if until.is_some_and(|until| Instant::now() >= until) {
-            break;
-        }
-        let Some(took) = timed().await? else {
-            uncounted += 1;
-            anyhow::ensure!(
-                uncounted < 100,
-                "100 grants in a row reached no replica in time"
-            );
-            continue;
-        };
-        uncounted = 0;
-        if warm > 0 {
-            warm -= 1;
-        } else {
-            times.push(took.as_secs_f64() * 1e6);
-        }
+    while Instant::now() < until {
+        times.push(counted(&mut timed).await?.as_secs_f64() * 1e6);
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// One sample of `timed` that counts: one it does not count (`None`) is taken again; 100 of
+/// them in a row fail the run.
+async fn counted<F, Fut>(timed: &mut F) -> anyhow::Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<Duration>>>,
+{
+    for _ in 0..100 {
+        if let Some(took) = timed().await? {
+            return Ok(took);
+        }
+    }
+    anyhow::bail!("100 grants in a row reached no replica in time")
 }
