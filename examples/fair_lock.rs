@@ -99,7 +99,7 @@ async fn sale<F: std::future::Future<Output = Result<bool>>>(
     until("eve's place to go", || queued(ORDERS.len() - 1)).await?;
     stock_count.unlock().await?;
     // No barging: a try right after the release does not take the lock past the line (the
-    // release reserved it for the next in line).
+    // release granted it to the next in line).
     let barged = counting.try_lock().await?;
     println!(
         "  stock count released; a try_lock on {} right after -> {:?}",

@@ -716,8 +716,6 @@ impl LockClientBuilder {
         let notifier = ReleaseNotifier::new(
             subscriber,
             NotifierSettings {
-                client_id: id.as_str().to_string(),
-                turn_grace: self.turn_grace,
                 linger: self.linger,
                 connect_timeout: self.command_timeout,
                 sharded,

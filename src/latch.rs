@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::commands::{self, Waiter};
+use leasehold_core::commands;
 use leasehold_core::telemetry::LockMetrics;
 use leasehold_core::{LockKeys, Result};
 use tokio::time::Instant;
@@ -224,10 +224,10 @@ struct LatchAttempt<'a> {
 impl Attempt for LatchAttempt<'_> {
     type Grant = ();
 
-    async fn attempt(&mut self, waiter: Option<Waiter<'_>>, budget: Duration) -> Result<Tried<()>> {
+    async fn attempt(&mut self, subscribed: bool, budget: Duration) -> Result<Tried<()>> {
         let client = &self.latch.client;
-        let state = match (self.first.take(), waiter) {
-            (Some(first), None) => first,
+        let state = match (self.first.take(), subscribed) {
+            (Some(first), false) => first,
             _ => {
                 client
                     .call(
@@ -252,19 +252,11 @@ impl Attempt for LatchAttempt<'_> {
         )
     }
 
-    fn lease(&self) -> Duration {
-        Duration::ZERO
-    }
-
     fn metrics(&self) -> &LockMetrics {
         self.latch.client.metrics.latch()
     }
 
     fn line(&self) -> Line {
         Line::Broadcast
-    }
-
-    fn exclusive(&self) -> bool {
-        false
     }
 }

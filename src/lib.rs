@@ -20,7 +20,8 @@
 //! - Reentrant per owner (by default the current tokio task), with hold counts.
 //! - Watchdog renewal for holds without an explicit lease; lost-lease detection on the guard
 //!   ([`LockGuard::is_held`], [`LockGuard::lost`], [`LockGuard::run_while_held`]).
-//! - Waiters woken by a release message, one per client, never by polling.
+//! - Waiters in one line in Redis: a release grants the lock to the first live waiter and tells
+//!   only it, never by polling.
 //! - [`FencingToken`]s that keep increasing even when Redis loses its data.
 //!
 //! See `docs/guide.md` for the guarantees and their limits.
@@ -33,10 +34,12 @@
 //! builder, connect   settings; connecting (a failed or dropped connect closes its connection)
 //! client             LockClient: the command connection, the hold table, the release listener
 //! wait               the waiting engine: line up, try, register interest, sleep until a
-//!                    wake-up, the busy time or the deadline; generic over one `Attempt`
+//!                    grant (taken without a try), a wake-up, the busy time or the deadline;
+//!                    generic over one `Attempt`
 //! release            releases, and settling commands whose reply never came
-//! lock, guard        every kind's handle, attempt and guard: the plain lock (acquire.lua),
-//!                    the fair lock (fair/*.lua) and a read/write lock's sides (rw/*.lua)
+//! lock, guard        every kind's handle, attempt and guard: the plain lock (acquire.lua, and
+//!                    the line's scripts while it waits), the fair lock (line/*.lua,
+//!                    release.lua) and a read/write lock's sides (rw/*.lua)
 //! multi_lock         MultiLock: several Lock handles taken all or none, in canonical order
 //! red_lock           RedLock: one Lock handle per independent server, held by a quorum
 //! rw_lock            RwLock: two Lock handles on one name

@@ -5,11 +5,12 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::commands::{self, AcquireMode, ReleaseKind, Waiter};
+use leasehold_core::commands::{self, AcquireMode, ReleaseKind};
 use leasehold_core::telemetry::{LockMetrics, Outcome};
 use leasehold_core::{
     DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result, Synced,
 };
+use leasehold_pubsub::Place;
 use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode, Prepared, WaitingEntry};
 use tokio::time::Instant;
 
@@ -435,6 +436,7 @@ impl Lock {
             permits: self.permits,
             place: AtomicI64::new(NO_PLACE),
             ahead: AtomicU64::new(NO_RANK),
+            heard: parking_lot::Mutex::new(None),
         };
         // The first try's ticket is taken in the same look at the table that reads what the
         // acquire must know (one look on the hot path). It is let go before any local wait,
@@ -489,7 +491,7 @@ impl Lock {
         }
         if self.reentrant && prepared.grant.is_some() {
             match attempt
-                .try_once(None, client.budget(deadline), taken.take(), false)
+                .try_once(false, client.budget(deadline), taken.take())
                 .await?
             {
                 Tried::Granted(granted) => return Ok(Tried::Granted(self.guard(granted))),
@@ -501,7 +503,7 @@ impl Lock {
             // try_lock: one try and nothing to wait for, so no place in line and no turn.
             return Ok(
                 match attempt
-                    .try_once(None, client.command_timeout, taken.take(), false)
+                    .try_once(false, client.command_timeout, taken.take())
                     .await?
                 {
                     Tried::Granted(granted) => Tried::Granted(self.guard(granted)),
@@ -588,6 +590,17 @@ struct LockAttempt<'c> {
     place: AtomicI64,
     /// Such a waiter's rank in its line as the last busy reply said ([`NO_RANK`]: none).
     ahead: AtomicU64,
+    /// A lock waiter in line: what a grant message must show to be for this wait, as its last
+    /// busy try said.
+    heard: parking_lot::Mutex<Option<InLine>>,
+}
+
+/// What a lock waiter's last busy try in line said: a grant the line makes from then on has a
+/// token above `counter`, made (and its lease started) no earlier than `sent_at`.
+#[derive(Clone, Copy)]
+struct InLine {
+    counter: u64,
+    sent_at: Instant,
 }
 
 /// [`LockAttempt::place`] before a busy reply gave one.
@@ -598,37 +611,33 @@ const NO_RANK: u64 = u64::MAX;
 impl Attempt for LockAttempt<'_> {
     type Grant = Granted;
 
-    async fn attempt(
-        &mut self,
-        waiter: Option<Waiter<'_>>,
-        budget: Duration,
-    ) -> Result<Tried<Granted>> {
-        let tried = self.try_once(waiter, budget, None, true).await;
-        if self.hold.keys.has_own_lines()
-            && self.entry.is_none()
-            && matches!(tried, Ok(Tried::Busy(_)))
-        {
+    async fn attempt(&mut self, in_line: bool, budget: Duration) -> Result<Tried<Granted>> {
+        let in_line = in_line || self.hold.keys.has_own_lines();
+        let tried = self.try_once(in_line, budget, None).await;
+        if in_line && self.entry.is_none() && matches!(tried, Ok(Tried::Busy(_))) {
             // The try queued the owner: from now on its entry must be renewed.
             self.entry = Some(self.client.holds.keep_waiting(&self.hold));
         }
         tried
     }
 
-    fn line(&self) -> Line {
-        if self.hold.keys.has_own_lines() {
-            let mut channel = self.hold.keys.waiter_channel_prefix();
-            channel.push_str(self.hold.owner.id());
-            Line::Own {
-                channel,
-                owner: self.hold.owner.clone(),
-            }
-        } else {
-            Line::Shared
-        }
+    fn heard(&mut self, place: &Place) -> Option<Granted> {
+        let in_line = (*self.heard.lock())?;
+        let (fence, lease_ms) = place.granted(self.hold.owner.id(), in_line.counter)?;
+        self.take_heard(FencingToken::new(fence), lease_ms, in_line.sent_at)
     }
 
-    fn lease(&self) -> Duration {
-        self.lease.duration()
+    fn line(&self) -> Line {
+        let keys = &self.hold.keys;
+        let mut channel = keys.waiter_channel_prefix();
+        let owner = self.hold.owner.clone();
+        if keys.kind() == LockKind::Plain {
+            channel.push_str(self.client.id.as_str());
+            Line::Client { channel, owner }
+        } else {
+            channel.push_str(owner.id());
+            Line::Own { channel, owner }
+        }
     }
 
     fn metrics(&self) -> &LockMetrics {
@@ -651,19 +660,14 @@ impl LockAttempt<'_> {
     ///   guard was detached meanwhile (the hold then belongs to the guard's task: wait for it
     ///   like any other task). A non-reentrant lock is busy until that hold ends. Either wait
     ///   is woken by the hold's release message.
-    /// - Otherwise a plain try, or a waiter's try with `waiter`. On a fair lock, every try of
-    ///   the waiting engine (`queue`) is a waiter's try, subscribed or not: the owner's place in
-    ///   line is its first try's arrival.
-    ///
-    /// A waiter that re-entered and was queued for a turn alone leaves the turn queue, as a
-    /// waiter's grant would have (otherwise a later release would reserve the lock for a client
-    /// nobody waits in).
+    /// - Otherwise a plain try, or a waiter's try `in_line`. On a fair lock, every try of the
+    ///   waiting engine is a waiter's try, subscribed or not: the owner's place in line is its
+    ///   first try's arrival.
     async fn try_once(
         &self,
-        waiter: Option<Waiter<'_>>,
+        in_line: bool,
         budget: Duration,
         taken: Option<(AcquireTicket, Prepared)>,
-        queue: bool,
     ) -> Result<Tried<Granted>> {
         let client = self.client;
         let mut budget = budget;
@@ -688,31 +692,19 @@ impl LockAttempt<'_> {
                 AcquireMode::Reenter(grant.token)
             }
             (Some(_), _) => return Ok(Tried::Busy(None)),
-            (None, reentrant) if queue && self.hold.keys.has_own_lines() => {
-                AcquireMode::FairWaiter {
-                    entry_life: client.holds.lease(),
-                    non_reentrant: !reentrant,
-                }
-            }
-            (None, true) => match waiter {
-                Some(waiter) => AcquireMode::Waiter(waiter),
-                None => AcquireMode::Try,
+            (None, reentrant) if in_line => AcquireMode::Waiter {
+                entry_life: client.holds.lease(),
+                non_reentrant: !reentrant,
+                fixed_lease: matches!(self.mode, LeaseMode::Fixed(_)),
             },
-            (None, false) => AcquireMode::NonReentrant(waiter),
+            (None, true) => AcquireMode::Try,
+            (None, false) => AcquireMode::NonReentrant,
         };
         let tried = self.send(mode, budget, ticket).await?;
-        if let AcquireMode::Reenter(token) = mode {
-            match &tried {
-                Tried::Granted(_) => {
-                    // (A fair or read/write lock's re-entry takes the owner out of its line in
-                    // the script.)
-                    if waiter.is_some_and(|w| !w.more) && !self.hold.keys.has_own_lines() {
-                        wait::leave_turn_queue(client, &self.hold.keys);
-                    }
-                }
-                // The grant is gone (expired, force-unlocked): the next try competes as anyone.
-                Tried::Busy(_) => client.holds.lose(&self.hold, token),
-            }
+        if let (AcquireMode::Reenter(token), Tried::Busy(_)) = (mode, &tried) {
+            // The grant is gone (expired, force-unlocked): the next try competes as anyone.
+            // (A re-entry takes the owner out of its line in the script.)
+            client.holds.lose(&self.hold, token);
         }
         Ok(tried)
     }
@@ -722,7 +714,7 @@ impl LockAttempt<'_> {
     /// background.
     async fn send(
         &self,
-        mode: AcquireMode<'_>,
+        mode: AcquireMode,
         budget: Duration,
         ticket: AcquireTicket,
     ) -> Result<Tried<Granted>> {
@@ -749,7 +741,7 @@ impl LockAttempt<'_> {
             AcquireMode::Reenter(token) => Some(token),
             _ => None,
         };
-        let waiter = matches!(mode, AcquireMode::FairWaiter { .. });
+        let waiter = matches!(mode, AcquireMode::Waiter { .. });
         let pending = DropGuard::new(|| self.settle_unanswered(reentered, waiter));
         let sent_at = budget.sent_at;
         let reply = within!(
@@ -787,10 +779,18 @@ impl LockAttempt<'_> {
                     synced,
                 }))
             }
-            Ok(commands::Acquire::Held { ttl, place, ahead }) => {
+            Ok(commands::Acquire::Held {
+                ttl,
+                place,
+                ahead,
+                counter,
+            }) => {
                 pending.disarm();
                 if let Some(place) = place {
                     self.place.store(place, Ordering::Relaxed);
+                }
+                if let Some(counter) = counter {
+                    *self.heard.lock() = Some(InLine { counter, sent_at });
                 }
                 self.ahead
                     .store(ahead.unwrap_or(NO_RANK), Ordering::Relaxed);
@@ -805,6 +805,51 @@ impl LockAttempt<'_> {
                 Err(error)
             }
         }
+    }
+
+    /// Takes the grant `fence` that the line made to this waiter (its channel heard it, with
+    /// its lease `lease_ms`) as this acquire's, without a try. The release ran after this
+    /// waiter's last try in line was sent (`sent_at`), so the client counts the grant's lease
+    /// from then: the hold table records it as a grant answered to a try sent at that instant
+    /// (for a watched lease, shifted so that it ends `lease_ms` after it: the line grants a
+    /// watched waiter until its entry would have lapsed).
+    ///
+    /// `None` leaves it to the next try, which takes the grant in Redis: a fixed lease the line
+    /// did not grant as asked (its ask was lost), a replica sync policy (the try's grant is the
+    /// one that waits for the replicas), a try so old that the grant's lease as the client must
+    /// count it would be half gone, or another acquire or settle of the hold in flight.
+    fn take_heard(&self, fence: FencingToken, lease_ms: u64, sent_at: Instant) -> Option<Granted> {
+        let client = self.client;
+        let granted = Duration::from_millis(lease_ms);
+        let anchor = sent_at;
+        let sent_at = match self.mode {
+            LeaseMode::Fixed(lease) if lease.duration() == granted => sent_at,
+            LeaseMode::Fixed(_) => return None,
+            LeaseMode::Watched => {
+                let short = client.holds.lease().duration().saturating_sub(granted);
+                sent_at.checked_sub(short)?
+            }
+        };
+        if !client.replica_sync.is_none()
+            || anchor.elapsed() > granted / 2
+            || !client.holds.is_settled(&self.hold)
+        {
+            return None;
+        }
+        let (ticket, prepared) = client.holds.begin_acquire(&self.hold)?;
+        if prepared.grant.is_some() {
+            return None;
+        }
+        let share = client
+            .holds
+            .grant(ticket, &self.hold, fence, 1, self.mode, sent_at);
+        Some(Granted {
+            owner: self.hold.owner.clone(),
+            fence,
+            hold_count: 1,
+            share,
+            synced: None,
+        })
     }
 
     /// Settles an acquire whose reply never came: "if the owner's count is what that acquire

@@ -205,8 +205,8 @@ fn cluster_scripts(cluster: &RedisCluster) -> Arc<Scripts> {
 }
 
 /// One try of a fair waiter that the test drives itself (`owner`, over `client`'s connection),
-/// as the waiting engine sends it: it takes a turn reserved for it, or keeps (or takes) its
-/// place in line with an entry that lives 30 s.
+/// as the waiting engine sends it: it takes a grant the line made to it, or keeps (or takes)
+/// its place in line with an entry that lives 30 s.
 async fn fair_try(
     client: &LockClient,
     scripts: &Scripts,
@@ -214,9 +214,10 @@ async fn fair_try(
     owner: &Owner,
 ) -> leasehold::Result<Acquire> {
     let life = Lease::new(Duration::from_secs(30)).unwrap();
-    let mode = AcquireMode::FairWaiter {
+    let mode = AcquireMode::Waiter {
         entry_life: life,
         non_reentrant: false,
+        fixed_lease: false,
     };
     commands::acquire(client.redis(), scripts, keys, owner, life, mode).await
 }
@@ -847,7 +848,8 @@ async fn sharded_release_messages_follow_a_moved_slot() {
     let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
     let name = "sharded";
     let lock = a.lock(name).unwrap();
-    let channel = lock.keys().released().to_string();
+    // The waiter's grant comes on its client's channel.
+    let channel = format!("{}:{}", lock.keys().released(), b.id());
     let (slot, to) = slot_and_target(&cluster, &a, name);
     let from = cluster.owner_of_slot(slot).unwrap();
     // PUBSUB SHARDNUMSUB answers [channel, count].
@@ -921,8 +923,8 @@ async fn sharded_release_messages_follow_a_moved_slot() {
     }
 }
 
-/// A release with a waiter queued while the lock's slot is migrating (its keys still at the
-/// source): the release script runs whole. It reserves the lock for the waiter's turn.
+/// A release with a waiter in line while the lock's slot is migrating (its keys still at the
+/// source): the release script runs whole. It grants the lock to the waiter.
 ///
 /// Failed before (found by the chaos checker's cluster mode): the script deleted the lock's key
 /// and wrote the turn into it again; in a migrating slot Redis stopped it half-way ("ERR Script
@@ -946,16 +948,16 @@ async fn a_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
                 .map(|g| g.map(|g| g.detach()))
         })
     };
-    let queue = lock.keys().queue().to_string();
+    let line = lock.keys().waiters();
     assert!(
         eventually(Duration::from_secs(10), || cluster
             .node(from)
-            .command(&["EXISTS", &queue])
+            .command(&["EXISTS", &line])
             .unwrap()
             .as_int()
             == Some(1))
         .await,
-        "the waiter queued its client"
+        "the waiter is in line"
     );
     // MIGRATING / IMPORTING, no key moved yet: every key of the release is local.
     let migration = cluster.begin_slot_migration(slot, to).unwrap();
@@ -976,8 +978,8 @@ async fn a_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
     eprintln!("release during the migration: {released:?}; the lock's fields now {fields:?}");
     released.expect("the release ran whole");
     assert!(
-        fields.contains("~turn"),
-        "the lock is reserved for the waiter's turn: {fields:?}"
+        fields.contains("~granted") || !fields.contains("~fence"),
+        "the lock is granted to the waiter (or the waiter took it already): {fields:?}"
     );
     migration.finish().unwrap();
     let handed = within(Duration::from_secs(20), "the hand-over", waiter)
@@ -989,8 +991,7 @@ async fn a_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
 }
 
 /// A fair lock's release with a waiter in line while the lock's slot is migrating (its keys
-/// still at the source): the release script runs whole and reserves the lock for the waiter's
-/// turn, and the waiter takes it (its try runs whole too, during the migration or after it).
+/// still at the source): the release script runs whole and grants the lock to the waiter.
 ///
 /// Failed before: the script deleted the lock's key and then wrote the waiter's turn into it;
 /// Redis stopped it half-way ("non local key"): the release failed, the lock deleted and the
@@ -1034,14 +1035,9 @@ async fn a_fair_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
         err_replies(&cluster, from) - errors
     );
     released.expect("the release ran whole");
-    // Reserved for the waiter's turn, or taken by it already.
+    // Granted to the waiter (taken by it already, or not yet).
     let fields = fields.expect("the lock is handed on, not deleted");
-    assert!(
-        fields
-            .iter()
-            .any(|f| f.starts_with("~turn:") || f == "~fence"),
-        "{fields:?}"
-    );
+    assert!(fields.iter().any(|f| f == "~fence"), "{fields:?}");
     migration.finish().unwrap();
     let handed = within(Duration::from_secs(20), "the hand-over", waiter)
         .await
@@ -1056,18 +1052,19 @@ async fn a_fair_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
     );
 }
 
-/// A fair waiter takes the turn a release reserved for it while the lock's slot is migrating:
-/// its try runs whole and is granted, the reservation replaced by its hold.
+/// A fair waiter takes the grant a release made to it while the lock's slot is migrating (its
+/// message was lost: its try takes the grant): the try runs whole and is granted, the line's
+/// grant replaced by its own.
 ///
 /// The waiter is driven by the test (core's typed acquire, as the waiting engine sends it), so
-/// that its turn is reserved before the migration begins and taken during it: a waiter of the
-/// library takes its turn the moment it is told.
+/// that the line's grant is made before the migration begins and taken by a try during it: a
+/// waiter of the library takes a grant the moment it hears of it.
 ///
-/// Failed before: the grant deleted the lock's key (the reservation) and then wrote the hold
-/// into it; Redis stopped the script half-way ("non local key"): the try failed, with the
-/// waiter's entry already out of the line and the reservation gone.
+/// Failed before (with the reservation a release then made): the grant deleted the lock's key
+/// and then wrote the hold into it; Redis stopped the script half-way ("non local key"): the
+/// try failed, with the waiter's entry already out of the line and the reservation gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fair_waiter_takes_its_reserved_turn_while_its_slot_migrates() {
+async fn a_fair_waiter_takes_its_grant_by_a_try_while_its_slot_migrates() {
     let cluster = start_cluster_with_scripts();
     let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
     let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
@@ -1081,12 +1078,23 @@ async fn a_fair_waiter_takes_its_reserved_turn_while_its_slot_migrates() {
     let waiter = b.new_owner();
     let queued = fair_try(&b, &scripts, &keys, &waiter).await.unwrap();
     assert!(matches!(queued, Acquire::Held { .. }), "{queued:?}");
+    // A second waiter behind it keeps the line's keys at the source: a script naming a key
+    // that is absent there while the slot migrates is refused with TRYAGAIN before it runs
+    // (and sent again after the migration), which is not what this test is about.
+    let second = b.new_owner();
+    let behind = fair_try(&b, &scripts, &keys, &second).await.unwrap();
+    assert!(matches!(behind, Acquire::Held { .. }), "{behind:?}");
     guard.unlock().await.unwrap();
-    let turn = format!("~turn:{}", waiter.id());
+    let mut granted = vec![
+        waiter.id().to_string(),
+        "~fence".to_string(),
+        "~granted".to_string(),
+    ];
+    granted.sort();
     assert_eq!(
         hash_fields(&cluster, from, keys.hash()),
-        Ok(vec![turn]),
-        "the release reserved the lock for the waiter's turn"
+        Ok(granted),
+        "the release granted the lock to the waiter"
     );
     let errors = err_replies(&cluster, from);
     let migration = cluster.begin_slot_migration(slot, to).unwrap();
@@ -1106,9 +1114,12 @@ async fn a_fair_waiter_takes_its_reserved_turn_while_its_slot_migrates() {
     assert_eq!(
         fields,
         Ok(held_by),
-        "the waiter's hold replaced the reservation"
+        "the waiter's own grant replaced the line's"
     );
-    assert!(zset_members(&cluster, from, &keys.waiters()).is_empty());
+    assert_eq!(
+        zset_members(&cluster, from, &keys.waiters()),
+        vec![second.id().to_string()]
+    );
     assert_eq!(stopped, 0);
     migration.finish().unwrap();
     let hold = HoldId::new(keys.clone(), waiter.clone());
@@ -1118,19 +1129,19 @@ async fn a_fair_waiter_takes_its_reserved_turn_while_its_slot_migrates() {
     assert_eq!(released, Release::Released);
 }
 
-/// A fair waiter gives up while a turn is reserved for it and the lock's slot is migrating: the
-/// leave script runs whole, the waiter's entry goes and the turn passes to the next waiter in
-/// line, who gets the lock.
+/// A fair waiter gives up after a release granted it the lock, before it heard of the grant,
+/// while the lock's slot is migrating: the leave script runs whole, the waiter's entry goes and
+/// the grant passes to the next waiter in line, who gets the lock.
 ///
 /// The first waiter is driven by the test (core's typed calls, as the waiting engine sends
-/// them): a waiter of the library takes its turn the moment it is told, so only such a waiter
-/// holds a turn reserved before the migration and gives it up during it.
+/// them): a waiter of the library takes a grant the moment it hears of it, so only such a
+/// waiter holds a grant made before the migration and gives it up during it.
 ///
-/// Failed before: the leave deleted the lock's key (the turn) and then wrote the next waiter's
-/// turn into it; Redis stopped the script half-way ("non local key"): the lock was left free
-/// and the next waiter never told.
+/// Failed before (with the reservation a release then made): the leave deleted the lock's key
+/// and then wrote the next waiter's turn into it; Redis stopped the script half-way ("non local
+/// key"): the lock was left free and the next waiter never told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fair_waiter_leaving_its_reserved_turn_hands_it_on_while_its_slot_migrates() {
+async fn a_fair_waiter_leaving_its_untaken_grant_hands_it_on_while_its_slot_migrates() {
     let cluster = start_cluster_with_scripts();
     let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
     let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
@@ -1164,15 +1175,14 @@ async fn a_fair_waiter_leaving_its_reserved_turn_hands_it_on_while_its_slot_migr
         "both waiters are in line"
     );
     guard.unlock().await.unwrap();
-    let turn = format!("~turn:{}", first.id());
-    assert_eq!(
-        hash_fields(&cluster, from, keys.hash()),
-        Ok(vec![turn.clone()]),
-        "the release reserved the lock for the first waiter's turn"
+    let granted = hash_fields(&cluster, from, keys.hash()).unwrap();
+    assert!(
+        granted.iter().any(|f| f == first.id()) && granted.iter().any(|f| f == "~granted"),
+        "the release granted the lock to the first waiter: {granted:?}"
     );
     let errors = err_replies(&cluster, from);
     let migration = cluster.begin_slot_migration(slot, to).unwrap();
-    let left = commands::fair_leave(b.redis(), &scripts, &keys, &first).await;
+    let left = commands::leave_line(b.redis(), &scripts, &keys, &first, None).await;
     let fields = hash_fields(&cluster, from, keys.hash());
     let waiting = zset_members(&cluster, from, &line);
     eprintln!(
@@ -1185,12 +1195,10 @@ async fn a_fair_waiter_leaving_its_reserved_turn_hands_it_on_while_its_slot_migr
         !waiting.iter().any(|w| w == first.id()),
         "the first waiter's entry is gone: {waiting:?}"
     );
-    // Reserved for the second waiter's turn, or taken by it already.
+    // Granted to the second waiter (taken by it already, or not yet).
     let fields = fields.expect("the lock is handed on, not left free");
     assert!(
-        fields
-            .iter()
-            .any(|f| (f.starts_with("~turn:") && *f != turn) || f == "~fence"),
+        fields.iter().any(|f| f == "~fence") && !fields.iter().any(|f| f == first.id()),
         "{fields:?}"
     );
     migration.finish().unwrap();
@@ -1250,14 +1258,9 @@ async fn a_fair_force_unlock_with_a_waiter_runs_whole_while_its_slot_migrates() 
         err_replies(&cluster, from) - errors
     );
     assert!(forced.expect("the force unlock ran whole"));
-    // Reserved for the waiter's turn, or taken by it already.
+    // Granted to the waiter (taken by it already, or not yet).
     let fields = fields.expect("the lock is handed on, not deleted");
-    assert!(
-        fields
-            .iter()
-            .any(|f| f.starts_with("~turn:") || f == "~fence"),
-        "{fields:?}"
-    );
+    assert!(fields.iter().any(|f| f == "~fence"), "{fields:?}");
     migration.finish().unwrap();
     within(Duration::from_secs(20), "the waiter", waiter)
         .await
@@ -1680,7 +1683,8 @@ async fn a_shard_subscription_made_as_its_slot_moves_follows_the_slot() {
     let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
     let name = "subscribed-as-it-moves";
     let lock = a.lock(name).unwrap();
-    let channel = lock.keys().released().to_string();
+    // The waiter's grant comes on its client's channel.
+    let channel = format!("{}:{}", lock.keys().released(), b.id());
     let (slot, to) = slot_and_target(&cluster, &a, name);
     let from = cluster.owner_of_slot(slot).unwrap();
     let shard_subscribers = |node: usize| {

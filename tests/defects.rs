@@ -34,12 +34,6 @@ fn zcard(redis: &RedisServer, queue: &str) -> i64 {
     cmd(redis, &["ZCARD", queue]).as_int().expect("ZCARD reply")
 }
 
-/// The client uuid: the part of an owner id before ':'.
-fn client_uuid(client: &LockClient) -> String {
-    let owner = client.new_owner();
-    owner.id().split(':').next().expect("owner id").to_string()
-}
-
 /// `CLIENT LIST` (optionally `TYPE kind`) as lines, without the testkit's own connection (the
 /// short-lived one that runs the `CLIENT LIST`).
 fn client_list(redis: &RedisServer, kind: Option<&str>) -> Vec<String> {
@@ -124,8 +118,8 @@ async fn defect1_a_waiter_tries_again_soon_after_a_turn_reservation_lapses() {
 async fn defect2_a_releaser_does_not_barge_ahead_of_its_own_clients_waiter() {
     let redis = server();
     let client = client(&redis.url()).await;
-    let queue = "leasehold:{barge}:queue";
-    let channel = "leasehold:{barge}:released";
+    let queue = "leasehold:{barge}:waiters";
+    let channel = &common::client_channel(&client, "barge");
     for round in 0..5 {
         let order: Arc<Mutex<Vec<&'static str>>> = Arc::default();
         let (held_tx, held_rx) = oneshot::channel::<()>();
@@ -741,8 +735,7 @@ async fn defect8_a_cancelled_waiter_leaves_the_queue_to_its_waiting_sibling() {
     let holder = client(&redis.url()).await;
     let held_lock = holder.lock("sibling").unwrap();
     let held = held_lock.lock().await.unwrap();
-    let queue = "leasehold:{sibling}:queue";
-    let channel = "leasehold:{sibling}:released";
+    let queue = "leasehold:{sibling}:waiters";
 
     // Whether the client is still queued while B waits, once anything A's cancellation sent
     // reached Redis: on this current-thread runtime, a yield lets a spawned ZREM task queue its
@@ -751,11 +744,15 @@ async fn defect8_a_cancelled_waiter_leaves_the_queue_to_its_waiting_sibling() {
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;
         lock.is_locked().await.unwrap();
-        let queued = zcard(redis, "leasehold:{sibling}:queue");
         assert!(!b.is_finished(), "{what}: B still waits (the lock is held)");
-        assert_eq!(
-            queued, 1,
-            "{what}: B still waits, but its client was taken out of the turn queue"
+        // A's entry (if it had one) left with A; B, head now, has one of its own.
+        assert!(
+            common::eventually(Duration::from_secs(10), || zcard(
+                redis,
+                "leasehold:{sibling}:waiters"
+            ) == 1)
+            .await,
+            "{what}: B still waits, but has no entry in the line"
         );
     }
 
@@ -786,9 +783,9 @@ async fn defect8_a_cancelled_waiter_leaves_the_queue_to_its_waiting_sibling() {
         let _ = b.await;
         assert!(
             common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 0
-                && numsub(&redis, channel) == 0)
+                && numsub(&redis, &common::client_channel(&client, "sibling")) == 0)
             .await,
-            "step {step}: B's client left the queue when B stopped waiting"
+            "step {step}: B left the line when B stopped waiting"
         );
     }
 
@@ -801,7 +798,7 @@ async fn defect8_a_cancelled_waiter_leaves_the_queue_to_its_waiting_sibling() {
     });
     assert!(
         common::eventually(Duration::from_secs(10), || zcard(&redis, queue) == 1
-            && numsub(&redis, channel) == 1)
+            && numsub(&redis, &common::client_channel(&client, "sibling")) == 1)
         .await,
         "B queued"
     );
@@ -878,51 +875,69 @@ async fn defect9_a_non_integer_fencing_counter_does_not_wedge_the_locks_of_its_s
     }
 }
 
-/// A waiter taking over its client's turn with a foreign-typed fencing counter fails with
-/// WRONGTYPE naming the counter, and leaves the reservation as it was.
-///
-/// Failed before the fix: the error is right (`WrongType { key: "leasehold:fence" }`), but the
-/// take-over deleted the reserved hash before the script failed: the hash no longer exists.
+/// A release that grants the lock to the waiter in line, with a foreign-typed fencing counter,
+/// fails with WRONGTYPE naming the counter, and leaves the hold as it was: the grant's token is
+/// taken before anything is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn defect9_a_wrong_type_fencing_counter_does_not_delete_a_reservation() {
+async fn defect9_a_wrong_type_fencing_counter_does_not_delete_a_hold() {
     let redis = server();
-    let client = client(&redis.url()).await;
-    let lock = client.lock("fence-list").unwrap();
+    let holder = client(&redis.url()).await;
+    let waiter = common::client(&redis.url()).await;
+    let lock = holder.lock("fence-list").unwrap();
     let key = lock.keys().hash().to_string();
     let fence = lock.keys().fence().to_string();
+    let guard = lock.lock().await.unwrap();
+    let waiting = {
+        let lock = waiter.lock("fence-list").unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(5))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), || cmd(
+            &redis,
+            &["ZCARD", "leasehold:{fence-list}:waiters"]
+        )
+        .as_int()
+            == Some(1))
+        .await,
+        "the waiter is in line"
+    );
     cmd(&redis, &["DEL", &fence]);
     cmd(&redis, &["LPUSH", &fence, "not a counter"]);
-    let turn = format!("~turn:{}", client_uuid(&client));
-    cmd(&redis, &["HSET", &key, &turn, "0"]);
-    cmd(&redis, &["PEXPIRE", &key, "5000"]);
-    let result = lock.try_lock_for(Duration::from_secs(3)).await;
-    match &result {
-        Err(LockError::WrongType { key: named }) => assert_eq!(named, &fence),
+    let owner = guard.owner().id().to_string();
+    match guard.unlock().await {
+        Err(LockError::WrongType { key: named }) => assert_eq!(named, fence),
         other => panic!("want WrongType naming {fence:?}, got {other:?}"),
     }
-    assert!(
-        exists(&redis, &key),
-        "the failed take-over deleted the reservation {key:?}"
+    assert_eq!(
+        common::hget(&redis, &key, &owner),
+        Some(1),
+        "the failed grant left the hold as it was"
     );
+    cmd(&redis, &["DEL", &fence]);
+    drop(waiting);
 }
 
 // ---------------------------------------------------------------------------------------------
 // 10. A WRONGTYPE error names the wrong key
 // ---------------------------------------------------------------------------------------------
 
-/// A foreign-typed turn queue: the error names the queue key.
+/// A foreign-typed line of waiters: the error names the line's key.
 ///
-/// Failed before the fix: `WrongType { key: "Operation" }` (the first word of Redis's own WRONGTYPE
-/// message).
+/// Failed before the fix (on the queue key a plain lock's waiters used then): `WrongType { key:
+/// "Operation" }` (the first word of Redis's own WRONGTYPE message).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn defect10_a_foreign_typed_queue_is_named_in_wrong_type() {
+async fn defect10_a_foreign_typed_line_is_named_in_wrong_type() {
     let redis = server();
     let holder = client(&redis.url()).await;
     let waiter = common::client(&redis.url()).await;
     let _held_lock = holder.lock("wq").unwrap();
     let _held = _held_lock.lock().await.unwrap();
     let lock = waiter.lock("wq").unwrap();
-    let queue = lock.keys().queue().to_string();
+    let queue = lock.keys().waiters();
     cmd(&redis, &["SET", &queue, "foo"]);
     let result = lock.try_lock_for(Duration::from_secs(1)).await;
     match &result {
@@ -1142,7 +1157,7 @@ async fn defect13_a_waiter_does_not_sleep_on_a_previous_holders_longer_lease() {
         client(&redis.url()).await,
     );
     let name = "stale";
-    let queue = "leasehold:{stale}:queue";
+    let queue = "leasehold:{stale}:waiters";
     let held = a.lock(name).unwrap();
     let guard = held.lock_with_lease(Duration::from_secs(3)).await.unwrap();
     let granted_at = Instant::now();
@@ -1221,7 +1236,7 @@ async fn defect14_a_waiter_does_not_sleep_past_an_unlock_after_tail() {
     };
     assert!(
         common::eventually(Duration::from_secs(10), || w.waiters() == 1
-            && zcard(&redis, "leasehold:{tail}:queue") == 1)
+            && zcard(&redis, "leasehold:{tail}:waiters") == 1)
         .await,
         "the waiter queued"
     );
@@ -1575,42 +1590,42 @@ async fn defect21_joined_acquires_of_one_owner_on_a_fair_lock_do_not_sleep_on_ea
     }
 }
 
-/// Found by the model checker (`crates/model`): a waiter that got the lock with more waiters of its
-/// client behind it puts its client at the back of the turn queue with ZADD. When that ZADD creates
-/// the queue (nobody else is queued), the queue must get a TTL: without one, a crash of that client
-/// leaves the queue and its entry in Redis until the next release of the name, which may never
-/// come.
-///
-/// Failed before the fix: the queue's PTTL was -1 (no TTL).
+/// Found by the model checker (`crates/model`) when a client had a queue of its own in Redis: a
+/// key a waiter's try creates must get a TTL, or a crash of that client leaves it in Redis until
+/// the next release of the name, which may never come. A plain lock's waiter now lines up in
+/// the lock's line: the line and the deadlines its try creates expire with the entry.
 #[tokio::test]
-async fn defect22_a_turn_queue_made_by_a_waiters_grant_expires() {
+async fn defect22_a_line_made_by_a_waiters_try_expires() {
     let redis = server();
     let client = client(&redis.url()).await;
     let lock = client.lock("stock:queue-ttl").unwrap();
     let keys = lock.keys();
     let lease = leasehold::Lease::new(Duration::from_secs(5)).unwrap();
-    let waiter = leasehold_core::commands::Waiter {
-        client: "crashing-client",
-        more: true,
-    };
+    let _held = lock.try_lock().await.unwrap().expect("free");
     let owner = client.new_owner();
-    leasehold_core::commands::acquire(
+    let tried = leasehold_core::commands::acquire(
         client.redis(),
         &common::scripts(),
         keys,
         &owner,
         lease,
-        leasehold_core::commands::AcquireMode::Waiter(waiter),
+        leasehold_core::commands::AcquireMode::Waiter {
+            entry_life: lease,
+            non_reentrant: false,
+            fixed_lease: false,
+        },
     )
     .await
     .unwrap();
     assert!(
-        exists(&redis, keys.queue()),
-        "the client queued behind itself"
+        matches!(tried, leasehold_core::commands::Acquire::Held { .. }),
+        "{tried:?}"
     );
-    let ttl = pttl(&redis, keys.queue());
-    assert!(
-        ttl > 0 && ttl <= 5_000 + 10_000,
-        "the queue expires like one a busy try makes: PTTL {ttl}"
-    );
+    for key in [keys.waiters(), keys.waiters_until()] {
+        let ttl = pttl(&redis, &key);
+        assert!(
+            ttl > 0 && ttl <= 5_000 + 1_000,
+            "{key} expires with the waiter's entry: PTTL {ttl}"
+        );
+    }
 }

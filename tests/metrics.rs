@@ -192,7 +192,8 @@ async fn a_contended_run_is_counted_as_it_happened() {
         })
     };
     let subscribed = eventually(Duration::from_secs(20), || {
-        let reply = cmd(&redis, &["PUBSUB", "NUMSUB", "leasehold:{kill}:released"]);
+        let channel = common::client_channel(&b, "kill");
+        let reply = cmd(&redis, &["PUBSUB", "NUMSUB", channel.as_str()]);
         reply.as_array().and_then(|r| r[1].as_int()) == Some(1)
     })
     .await;

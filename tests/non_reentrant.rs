@@ -200,22 +200,20 @@ async fn the_script_never_grants_one_owner_twice() {
     let acquire = |mode| commands::acquire(client.redis(), &scripts, &keys, &owner, lease, mode);
     let first = acquire(AcquireMode::Try).await.unwrap();
     assert!(matches!(first, Acquire::Granted { hold_count: 1, .. }));
-    let refused = acquire(AcquireMode::NonReentrant(None)).await.unwrap();
-    assert!(
-        matches!(refused, Acquire::Held { ttl: Some(_), .. }),
-        "{refused:?}"
-    );
-    let waiter = commands::Waiter {
-        client: "c0ffee",
-        more: false,
-    };
-    let refused = acquire(AcquireMode::NonReentrant(Some(waiter)))
-        .await
-        .unwrap();
-    assert!(
-        matches!(refused, Acquire::Held { ttl: Some(_), .. }),
-        "{refused:?}"
-    );
+    for mode in [
+        AcquireMode::NonReentrant,
+        AcquireMode::Waiter {
+            entry_life: lease,
+            non_reentrant: true,
+            fixed_lease: false,
+        },
+    ] {
+        let refused = acquire(mode).await.unwrap();
+        assert!(
+            matches!(refused, Acquire::Held { ttl: Some(_), .. }),
+            "{mode:?}: {refused:?}"
+        );
+    }
     // The plain try treats the same hold as an orphan of a lost reply and replaces it.
     let replaced = acquire(AcquireMode::Try).await.unwrap();
     assert!(matches!(replaced, Acquire::Granted { hold_count: 1, .. }));
@@ -242,10 +240,11 @@ async fn no_kinds_script_grants_a_non_reentrant_owner_twice() {
             panic!("{keys:?}: {first:?}");
         };
         for mode in [
-            AcquireMode::NonReentrant(None),
-            AcquireMode::FairWaiter {
+            AcquireMode::NonReentrant,
+            AcquireMode::Waiter {
                 entry_life: lease,
                 non_reentrant: true,
+                fixed_lease: false,
             },
         ] {
             let refused = acquire(mode).await.unwrap();

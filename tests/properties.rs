@@ -449,7 +449,7 @@ async fn every_path_on_a_key_of_another_type_is_a_typed_error() {
     }
 }
 
-/// A key of another type where the turn queue belongs: the acquire that would use it is
+/// A key of another type where the line of waiters belongs: the acquire that would use it is
 /// refused with `WrongType`, and — the bug this test is about — it must not leave a hold
 /// behind that nobody knows of.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -460,11 +460,11 @@ async fn a_foreign_queue_key_leaves_no_hidden_hold() {
     let key = "leasehold:{queued}";
     let held_lock = holder.lock("queued").unwrap();
     let held = held_lock
-        .try_lock_with_lease(Duration::from_secs(60))
+        .try_lock_with_lease(Duration::from_secs(3))
         .await
         .unwrap()
         .expect("free");
-    // The waiter queues on a real queue first...
+    // The waiter lines up in a real line first...
     let lock = waiter.lock("queued").unwrap();
     let waiting = tokio::spawn(async move {
         lock.try_lock_for(Duration::from_secs(30))
@@ -474,22 +474,22 @@ async fn a_foreign_queue_key_leaves_no_hidden_hold() {
     assert!(
         common::eventually(Duration::from_secs(10), || cmd(
             &redis,
-            &["ZCARD", "leasehold:{queued}:queue"]
+            &["ZCARD", "leasehold:{queued}:waiters"]
         )
         .as_int()
             == Some(1))
         .await,
         "the waiter queued"
     );
-    // ...then a foreign key takes the queue's place, and the release (which ignores it) wakes
-    // the waiter: its retry finds the lock FREE, the path where the queue is touched before
-    // the hold is written.
-    cmd(&redis, &["DEL", "leasehold:{queued}:queue"]);
-    cmd(&redis, &["SET", "leasehold:{queued}:queue", "not a queue"]);
+    // ...then a foreign key takes the line's place. The release ignores it (it grants nobody),
+    // and the waiter's next try, at its bound (the holder's 3 s lease), finds the lock FREE:
+    // the path where the line is touched before the hold is written.
+    cmd(&redis, &["DEL", "leasehold:{queued}:waiters"]);
+    cmd(&redis, &["SET", "leasehold:{queued}:waiters", "not a line"]);
     held.unlock().await.unwrap();
     let result = tokio::time::timeout(Duration::from_secs(30), waiting)
         .await
-        .expect("the waiter was woken by the release")
+        .expect("the waiter tried again within its bound")
         .unwrap();
     assert!(
         matches!(result, Err(LockError::WrongType { .. })),
@@ -501,8 +501,8 @@ async fn a_foreign_queue_key_leaves_no_hidden_hold() {
         cmd(&redis, &["HGETALL", key])
     );
     assert_eq!(
-        get(&redis, "leasehold:{queued}:queue").as_deref(),
-        Some("not a queue")
+        get(&redis, "leasehold:{queued}:waiters").as_deref(),
+        Some("not a line")
     );
 }
 

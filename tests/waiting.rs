@@ -48,7 +48,7 @@ async fn release_hands_off_to_a_waiter_without_polling() {
     assert!(
         common::eventually(Duration::from_secs(10), || numsub(
             &redis,
-            "leasehold:{handoff}:released"
+            &common::client_channel(&waiter, "handoff")
         ) == 1)
         .await
     );
@@ -65,7 +65,7 @@ async fn release_hands_off_to_a_waiter_without_polling() {
     assert!(scripts <= 4, "{scripts} script calls: the waiter polled");
     assert_eq!(redis.command_calls("subscribe").unwrap(), 1);
     acquired.unlock().await.unwrap();
-    assert_nothing_left(&redis, &waiter, "leasehold:{handoff}:released").await;
+    assert_nothing_left(&redis, &waiter, &common::client_channel(&waiter, "handoff")).await;
 }
 
 /// 64 waiters over 4 clients, each taking the lock 3 times: everyone is served, holds never
@@ -110,7 +110,7 @@ async fn sixty_four_waiters_on_four_clients_never_overlap() {
         assert!(pair[1].2 > pair[0].2, "tokens rise in hold order: {pair:?}");
     }
     for client in &clients {
-        assert_nothing_left(&redis, client, "leasehold:{contended}:released").await;
+        assert_nothing_left(&redis, client, &common::client_channel(client, "contended")).await;
     }
     assert!(!exists(&redis, "leasehold:{contended}"));
 }
@@ -130,7 +130,7 @@ async fn a_bounded_wait_times_out_and_leaves_nothing() {
         .unwrap();
     assert!(got.is_none(), "timed out");
     assert!(started.elapsed() >= Duration::from_millis(200));
-    assert_nothing_left(&redis, &waiter, "leasehold:{busy}:released").await;
+    assert_nothing_left(&redis, &waiter, &common::client_channel(&waiter, "busy")).await;
     assert_eq!(
         common::hget(&redis, "leasehold:{busy}", guard.owner().id()),
         Some(1),
@@ -168,7 +168,7 @@ async fn a_waiter_acquires_soon_after_a_killed_holders_lease_ends() {
     assert!(
         common::eventually(Duration::from_secs(10), || numsub(
             &redis,
-            "leasehold:{crash}:released"
+            &common::client_channel(&waiter, "crash")
         ) == 1)
         .await
     );
@@ -192,7 +192,7 @@ async fn cancelled_waits_leave_nothing_behind() {
     let waiter = common::client(&redis.url()).await;
     let guard_lock = holder.lock("cancel").unwrap();
     let guard = guard_lock.lock().await.unwrap();
-    let channel = "leasehold:{cancel}:released";
+    let channel = &common::client_channel(&waiter, "cancel");
 
     // Abort at many points of the waiting path: before the first try, mid-try, mid-subscribe,
     // while parked. Steps of yields make the points land differently on each round.
@@ -227,19 +227,20 @@ async fn cancelled_waits_leave_nothing_behind() {
         .filter(|f| f.as_str().is_some_and(|f| !f.starts_with('~')))
         .count();
     assert_eq!(holders, 1, "{fields:?}");
-    // The cancelled waiters' client leaves the turn queue (a ZREM sent from a background task
-    // when the last waiter goes), so the release reserves nothing for it.
+    // The cancelled waiters leave the line (a leave sent from a background task when a waiter
+    // goes), so the release grants nothing to them.
     assert!(
         common::eventually(Duration::from_secs(10), || !exists(
             &redis,
-            "leasehold:{cancel}:queue"
+            "leasehold:{cancel}:waiters"
         ))
         .await,
-        "the client left the queue"
+        "the waiters left the line"
     );
     guard.unlock().await.unwrap();
     assert!(!exists(&redis, "leasehold:{cancel}"));
-    assert!(!exists(&redis, "leasehold:{cancel}:queue"));
+    assert!(!exists(&redis, "leasehold:{cancel}:waiters"));
+    assert!(!exists(&redis, "leasehold:{cancel}:waiters:until"));
 }
 
 /// Cancelling an acquire of a FREE lock at every point: either it never ran, or it was undone,
@@ -293,8 +294,8 @@ async fn waiters_survive_a_killed_subscriber_connection() {
     // queued, so the kill below hits a live subscriber.
     assert!(
         common::eventually(Duration::from_secs(10), || waiter.waiters() == 4
-            && numsub(&redis, "leasehold:{pubsub-kill}:released") == 1
-            && cmd(&redis, &["ZCARD", "leasehold:{pubsub-kill}:queue"]).as_int()
+            && numsub(&redis, &common::client_channel(&waiter, "pubsub-kill")) == 1
+            && cmd(&redis, &["ZCARD", "leasehold:{pubsub-kill}:waiters"]).as_int()
                 == Some(1))
         .await
     );
@@ -308,7 +309,12 @@ async fn waiters_survive_a_killed_subscriber_connection() {
     tokio::time::timeout(Duration::from_secs(60), all)
         .await
         .expect("every waiter acquired after the subscriber was killed");
-    assert_nothing_left(&redis, &waiter, "leasehold:{pubsub-kill}:released").await;
+    assert_nothing_left(
+        &redis,
+        &waiter,
+        &common::client_channel(&waiter, "pubsub-kill"),
+    )
+    .await;
 }
 
 /// The server restarts (all data lost) while tasks wait: nothing hangs, everyone acquires.
@@ -337,42 +343,31 @@ async fn waiters_survive_a_server_restart() {
     tokio::time::timeout(Duration::from_secs(60), all)
         .await
         .expect("every waiter acquired after the restart");
-    assert_nothing_left(&redis, &waiter, "leasehold:{restart}:released").await;
+    assert_nothing_left(&redis, &waiter, &common::client_channel(&waiter, "restart")).await;
 }
 
-/// The turn queue: a client waiting in the queue gets the lock on release, even though the
-/// releaser asks again at once (it would win a plain race, being first to hear its own reply).
+/// The line: a release grants the lock to the waiter in line, even though the releaser asks
+/// again at once (it would win a plain race, being first to hear its own reply).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_hands_the_turn_to_the_queued_client_not_the_releaser() {
+async fn a_release_grants_the_waiter_in_line_not_the_releaser() {
     let redis = server();
-    // A turn grace far longer than any stall of a slow machine: "asking again at once" below
-    // is then certainly within the reservation, so the check never depends on speed.
-    let grace = Duration::from_secs(5);
-    let with_grace = |url: String| async move {
-        LockClient::builder(&url)
-            .turn_grace(grace)
-            .build()
-            .await
-            .unwrap()
-    };
-    let releaser = with_grace(redis.url()).await;
-    let waiter = with_grace(redis.url()).await;
+    let releaser = client(&redis.url()).await;
+    let waiter = client(&redis.url()).await;
     let lock = releaser.lock("turns").unwrap();
     let guard = lock.lock().await.unwrap();
     let waiting_lock = waiter.lock("turns").unwrap();
     let waiting = tokio::spawn(async move { waiting_lock.lock().await.unwrap().detach() });
-    // The waiter's client is queued once its retry failed.
+    // The waiter is in line once its try in line was answered.
     assert!(
         common::eventually(Duration::from_secs(10), || cmd(
             &redis,
-            &["ZCARD", "leasehold:{turns}:queue"]
+            &["ZCARD", "leasehold:{turns}:waiters"]
         )
         .as_int()
             == Some(1))
         .await
     );
-    // The release reserved the lock for the queued client's turn (for the grace): asking
-    // again at once fails, and so does waiting in line behind it.
+    // The release granted the lock to the waiter in line: asking again at once fails.
     guard.unlock().await.unwrap();
     assert!(
         lock.try_lock().await.unwrap().is_none(),
@@ -380,15 +375,15 @@ async fn a_release_hands_the_turn_to_the_queued_client_not_the_releaser() {
     );
     let handed = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
-        .expect("the queued client took its turn")
+        .expect("the waiter in line got the lock")
         .unwrap();
     assert_eq!(handed.hold_count(), 1);
     handed.unlock().await.unwrap();
     assert!(
-        !exists(&redis, "leasehold:{turns}:queue"),
-        "the queue emptied"
+        !exists(&redis, "leasehold:{turns}:waiters"),
+        "the line emptied"
     );
-    // Nobody queued now: the releaser's lock is free to take at once.
+    // Nobody in line now: the releaser's lock is free to take at once.
     lock.try_lock()
         .await
         .unwrap()
@@ -488,7 +483,7 @@ async fn a_subscription_whose_confirmation_went_unanswered_is_undone_when_its_wa
         .await
         .expect("connect");
     let name = "unanswered-confirmation";
-    let channel = format!("leasehold:{{{name}}}:released");
+    let channel = common::client_channel(&waiter, name);
     let held = holder.lock(name).unwrap();
     let guard = held.lock().await.unwrap();
     let paused = Arc::new(AtomicBool::new(false));
@@ -524,4 +519,166 @@ async fn a_subscription_whose_confirmation_went_unanswered_is_undone_when_its_wa
     // Once the pause is over, Redis has run the SUBSCRIBE: the idle channel must be undone.
     assert_nothing_left(&redis, &waiter, &channel).await;
     guard.unlock().await.unwrap();
+}
+
+/// A handoff costs one message to one client: eight clients wait (one waiter each), and each
+/// release grants the first of them and tells only it, on its client's own channel. A herd
+/// (a message every waiting client hears) fails here: every lock message is seen by a
+/// pattern subscriber of the test, and each must go to a channel one waiter hears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_costs_one_message_to_one_client() {
+    use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+
+    let redis = server();
+    let name = "one-message";
+    // Sees every message on the lock's channels.
+    let watcher = fred::clients::SubscriberClient::new(
+        fred::types::config::Config::from_url(&redis.url()).unwrap(),
+        None,
+        None,
+        None,
+    );
+    watcher.init().await.unwrap();
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let mut messages = watcher.message_rx();
+    let collector = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Ok(message) = messages.recv().await {
+                let payload = message.value.as_string().unwrap_or_default();
+                seen.lock().push((message.channel.to_string(), payload));
+            }
+        })
+    };
+    watcher
+        .psubscribe(format!("leasehold:{{{name}}}:released*"))
+        .await
+        .unwrap();
+    let holder = client(&redis.url()).await;
+    let held = holder.lock(name).unwrap();
+    let guard = held.lock().await.unwrap();
+    let mut waiters = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let waiter = client(&redis.url()).await;
+        let lock = waiter.lock(name).unwrap();
+        tasks.push(tokio::spawn(async move {
+            lock.lock().await.unwrap().unlock().await.unwrap();
+        }));
+        waiters.push(waiter);
+    }
+    assert!(
+        common::eventually(Duration::from_secs(20), || cmd(
+            &redis,
+            &["ZCARD", &format!("leasehold:{{{name}}}:waiters")]
+        )
+        .as_int()
+            == Some(8))
+        .await,
+        "every client's waiter is in line"
+    );
+    guard.unlock().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("every waiter is served")
+            .unwrap();
+    }
+    assert!(!exists(&redis, &format!("leasehold:{{{name}}}")));
+    // The last release found nobody in line: its "free" message goes to the lock's release
+    // channel, which no lock waiter listens to.
+    let free_channel = format!("leasehold:{{{name}}}:released");
+    assert!(
+        common::eventually(Duration::from_secs(10), || seen
+            .lock()
+            .iter()
+            .any(|(channel, _)| *channel == free_channel))
+        .await,
+        "the last release was seen"
+    );
+    let seen = seen.lock().clone();
+    collector.abort();
+    let grants: Vec<&(String, String)> = seen.iter().filter(|(c, _)| *c != free_channel).collect();
+    assert_eq!(grants.len(), 8, "one message per handoff: {seen:#?}");
+    for waiter in &waiters {
+        let channel = common::client_channel(waiter, name);
+        let to_it: Vec<_> = grants.iter().filter(|(c, _)| *c == channel).collect();
+        assert_eq!(to_it.len(), 1, "one message to {channel}: {seen:#?}");
+        assert!(to_it[0].1.starts_with('='), "a grant: {to_it:?}");
+    }
+    assert_eq!(
+        seen.iter().filter(|(c, _)| *c == free_channel).count(),
+        1,
+        "{seen:#?}"
+    );
+}
+
+/// A waiter that gave up before it heard of the grant a release made to it hands the grant
+/// on when it leaves: the next waiter gets the lock at once, not when the grant lapses. One
+/// that crashed instead (no leave) keeps it no longer than its entry would have kept its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_waiter_that_gave_up_passes_on() {
+    use leasehold_core::commands::{self, Acquire, AcquireMode};
+
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let other = client(&redis.url()).await;
+    let scripts = common::scripts();
+    for (name, crash) in [("gave-up", false), ("crashed", true)] {
+        let held = holder.lock(name).unwrap();
+        let keys = held.keys().clone();
+        let guard = held.lock().await.unwrap();
+        // The first waiter is driven by hand (as the engine sends its tries), with an entry
+        // that lives 2 s unless renewed.
+        let gone = other.new_owner();
+        let life = leasehold::Lease::new(Duration::from_secs(2)).unwrap();
+        let mode = AcquireMode::Waiter {
+            entry_life: life,
+            non_reentrant: false,
+            fixed_lease: false,
+        };
+        let tried = commands::acquire(other.redis(), &scripts, &keys, &gone, life, mode)
+            .await
+            .unwrap();
+        assert!(matches!(tried, Acquire::Held { .. }), "{tried:?}");
+        let waiter = client(&redis.url()).await;
+        let behind = {
+            let lock = waiter.lock(name).unwrap();
+            tokio::spawn(async move {
+                let guard = lock.try_lock_for(Duration::from_secs(20)).await.unwrap();
+                guard.map(|g| g.detach())
+            })
+        };
+        let line = format!("leasehold:{{{name}}}:waiters");
+        assert!(
+            common::eventually(Duration::from_secs(10), || cmd(&redis, &["ZCARD", &line])
+                .as_int()
+                == Some(2))
+            .await,
+            "both waiters are in line"
+        );
+        guard.unlock().await.unwrap();
+        let hash = format!("leasehold:{{{name}}}");
+        assert_eq!(common::hget(&redis, &hash, gone.id()), Some(1), "granted");
+        let ttl = cmd(&redis, &["PTTL", &hash]).as_int().unwrap();
+        assert!(
+            ttl > 0 && ttl <= 2_000,
+            "the grant lasts as long as the entry would have: {ttl} ms"
+        );
+        if !crash {
+            commands::leave_line(other.redis(), &scripts, &keys, &gone, None)
+                .await
+                .unwrap();
+            assert_eq!(
+                common::hget(&redis, &hash, gone.id()),
+                None,
+                "the leave passed the grant on"
+            );
+        }
+        let got = behind.await.unwrap();
+        got.expect("the waiter behind gets the lock")
+            .unlock()
+            .await
+            .unwrap();
+    }
 }

@@ -391,7 +391,7 @@ pub async fn locked_once_answering(lock: &leasehold::Lock) -> bool {
 pub const ACL_RULE: &str = "on >s3cr3t-Pa55 resetkeys ~leasehold:* resetchannels &leasehold:* \
     -@all +evalsha +script|load +exists +hget +zrem +subscribe +unsubscribe +ping \
     +type +set +incr +time +hset +hmget +hexists +hincrby +hdel +hkeys +del +pexpire +pttl \
-    +zadd +zpopmin +publish +zrange +zrangebyscore +zscore +zcard +zrank \
+    +zadd +publish +zrange +zrangebyscore +zscore +zcard +zrank \
     +info +client|id";
 
 /// `ACL SETUSER name rule...` on `server`.
@@ -399,4 +399,10 @@ pub fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut args = vec!["ACL", "SETUSER", name];
     args.extend(rule.split_whitespace());
     server.command(&args).expect("ACL SETUSER");
+}
+
+/// The channel a plain lock's waiters of `client` hear their grants on: the lock's release
+/// channel, then `:` and the client's id.
+pub fn client_channel(client: &leasehold::LockClient, name: &str) -> String {
+    format!("leasehold:{{{name}}}:released:{}", client.id())
 }

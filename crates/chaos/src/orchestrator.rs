@@ -270,18 +270,13 @@ impl Env<'_> {
             .await
     }
 
-    /// Clients queued for a turn right now, by the client ids in the turn queues, or waiting
-    /// in the line of a fair or read/write lock or of a semaphore, by the ids in it.
+    /// Clients waiting in the line of a lock (plain, fair or read/write) or of a semaphore right
+    /// now, by the owner ids in it.
     async fn queued(&self) -> anyhow::Result<Vec<u32>> {
-        self.clients_named(|lock, ty| {
-            let line = if ty == LockType::Plain {
-                "queue"
-            } else {
-                "waiters"
-            };
+        self.clients_named(|lock, _| {
             vec![
                 "ZRANGE".into(),
-                format!("{lock}:{line}"),
+                format!("{lock}:waiters"),
                 "0".into(),
                 "-1".into(),
             ]

@@ -16,38 +16,31 @@ use crate::scripts::resend_not_run;
 use crate::scripts::Scripts;
 use crate::{FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result};
 
-/// How an acquire is sent (see `scripts/acquire.lua`).
+/// How an acquire is sent (see `scripts/acquire.lua` and `scripts/line/acquire.lua`).
 #[derive(Clone, Copy, Debug)]
-pub enum AcquireMode<'a> {
+pub enum AcquireMode {
     /// A plain try: a free lock is granted; nothing else changes.
     Try,
     /// Re-enter the grant with this token, which the client holds under the owner.
     Reenter(FencingToken),
-    /// A subscribed waiter: may take a turn reserved for its client, and queues its client.
-    Waiter(Waiter<'a>),
-    /// A try of a non-reentrant lock, as `Try` (or as `Waiter`, with one), except that a hold
-    /// the owner already has keeps the lock busy instead of being replaced as an orphan: two
-    /// acquires of one owner can never both be granted.
-    NonReentrant(Option<Waiter<'a>>),
-    /// A fair lock's waiter (keys marked [`LockKeys::fair`]): as a try, and when not granted
-    /// the owner keeps (or takes) its place in the line. `Try`, `Reenter` and `NonReentrant(_)`
-    /// never queue on a fair lock.
-    FairWaiter {
+    /// A try of a non-reentrant lock, as `Try`, except that a hold the owner already has keeps
+    /// the lock busy instead of being replaced as an orphan: two acquires of one owner can
+    /// never both be granted.
+    NonReentrant,
+    /// A waiter's try (a lock's line: `scripts/line/acquire.lua`; a read/write lock's, a
+    /// semaphore's): as a try, and when not granted the owner keeps (or takes) its place in
+    /// the line. A grant the line made to the owner meanwhile is taken as its own. `Try`,
+    /// `Reenter` and `NonReentrant` never queue.
+    Waiter {
         /// The entry's lifetime unless renewed: the watchdog's lease.
         entry_life: Lease,
-        /// A non-reentrant handle: the owner's own hold keeps the lock busy.
+        /// A non-reentrant handle: the owner's own hold keeps the lock busy (unless the line
+        /// granted it).
         non_reentrant: bool,
+        /// The lease is a fixed one (not renewed by the watchdog): a lock's line grants it as
+        /// asked. A watched lease is granted until the waiter's entry would have lapsed.
+        fixed_lease: bool,
     },
-}
-
-/// A subscribed waiter's place in the turn queue.
-#[derive(Clone, Copy, Debug)]
-pub struct Waiter<'a> {
-    /// The waiter's client id ([`ClientId::as_str`](crate::ClientId::as_str)).
-    pub client: &'a str,
-    /// Whether that client has other waiters on this lock (it then stays queued after this
-    /// waiter's turn, at the back).
-    pub more: bool,
 }
 
 /// The reply of the acquire script.
@@ -60,15 +53,20 @@ pub enum Acquire {
         /// The fencing token of the grant this hold belongs to.
         fence: FencingToken,
     },
-    /// Held by another owner, or reserved for another client's turn.
+    /// Held by another owner (or reserved for another waiter's turn).
     Held {
-        /// How long the holder's lease (or the reservation) has left (`None`: no TTL).
+        /// How long the lock stays so at most without a message to this waiter: the holder's
+        /// lease, a reservation's, or a dead waiter's entry ahead (`None`: no TTL).
         ttl: Option<Duration>,
         /// A waiter's try of a kind with a line of its own: the waiter's place (its score in
         /// the line). A settle of a later try of the waiter puts it back there.
         place: Option<i64>,
         /// Such a waiter's rank in its line: how many wait before it (0: it is the head).
         ahead: Option<u64>,
+        /// A lock waiter's try: the holder's fencing token when it ran. A grant the line makes
+        /// later has a larger token, so a grant message with a token at most this one is not
+        /// for this wait.
+        counter: Option<u64>,
     },
 }
 
@@ -141,7 +139,7 @@ pub async fn acquire<C: crate::connection::ScriptConnection>(
     keys: &LockKeys,
     owner: &Owner,
     lease: Lease,
-    mode: AcquireMode<'_>,
+    mode: AcquireMode,
 ) -> Result<Acquire> {
     acquire_permits(client, scripts, keys, owner, lease, mode, 1).await
 }
@@ -154,12 +152,12 @@ pub async fn acquire_permits<C: crate::connection::ScriptConnection>(
     keys: &LockKeys,
     owner: &Owner,
     lease: Lease,
-    mode: AcquireMode<'_>,
+    mode: AcquireMode,
     permits: u32,
 ) -> Result<Acquire> {
-    // The other kinds' calls are boxed: inline, their futures would widen the plain lock's,
-    // which every acquire builds and moves (measured: +1.7 % client instructions per pair).
-    if keys.kind() != LockKind::Plain {
+    // The other kinds' calls (and a waiting plain lock's) are boxed: inline, their futures
+    // would widen the plain lock's try, which every acquire builds and moves.
+    if keys.kind() != LockKind::Plain || matches!(mode, AcquireMode::Waiter { .. }) {
         return Box::pin(kind_acquire(
             client, scripts, keys, owner, lease, mode, permits,
         ))
@@ -168,10 +166,8 @@ pub async fn acquire_permits<C: crate::connection::ScriptConnection>(
     let reply: Value = scripts
         .acquire
         .call(client, || {
-            let mut key_list = Vec::with_capacity(3);
-            key_list.push(Key::from(keys.hash_str()));
-            key_list.push(Key::from(keys.fence_str()));
-            let mut args = Vec::with_capacity(6);
+            let key_list = vec![Key::from(keys.hash_str()), Key::from(keys.fence_str())];
+            let mut args = Vec::with_capacity(4);
             args.push(Value::from(owner.id_str().clone()));
             args.push(Value::from(lease.millis() as i64));
             // A plain try sends only what the grant needs (see the script's header).
@@ -181,27 +177,13 @@ pub async fn acquire_permits<C: crate::connection::ScriptConnection>(
                     args.push(word("r"));
                     args.push(token_arg(Some(token)));
                 }
-                AcquireMode::Waiter(w) | AcquireMode::NonReentrant(Some(w)) => {
-                    key_list.push(Key::from(keys.queue_str()));
-                    args.push(word("w"));
-                    args.push(Value::from(w.client));
-                    args.push(word(if w.more { "1" } else { "0" }));
-                    args.push(Value::from(keys.released_str()));
-                    if matches!(mode, AcquireMode::NonReentrant(_)) {
-                        args.push(word("n"));
-                    }
-                }
-                AcquireMode::NonReentrant(None) => args.push(word("n")),
-                AcquireMode::FairWaiter { .. } => {
-                    unreachable!("a fair waiter's keys are fair")
-                }
+                AcquireMode::NonReentrant => args.push(word("n")),
+                AcquireMode::Waiter { .. } => unreachable!("a waiter's try is the line's"),
             }
             (key_list.into(), Value::Array(args))
         })
         .await
-        .map_err(|e| {
-            from_fred(e, &[keys.hash(), keys.fence(), keys.queue()]).naming(keys.name())
-        })?;
+        .map_err(|e| from_fred(e, &[keys.hash(), keys.fence()]).naming(keys.name()))?;
     acquire_reply(reply)
 }
 
@@ -214,18 +196,18 @@ fn side(keys: &LockKeys) -> Value {
     })
 }
 
-/// The keys a kind's scripts take, in their order (`scripts/fair/acquire.lua`,
+/// The keys a kind's scripts take, in their order (`scripts/line/acquire.lua`,
 /// `scripts/rw/common.lua`, `scripts/sem/common.lua`, `force_unlock.lua`): the hash; the fence
 /// counter, or the hash again for a script that grants nothing; the waiters and their
-/// deadlines; then the leases (a read/write lock, a semaphore, and force unlock, which serves
-/// every kind) and what each waiter wants (a semaphore). Returns the keys and the names of the
+/// deadlines; then the leases (a read/write lock, a semaphore) and what each waiter wants (a
+/// semaphore's permits, a lock's fixed leases). Returns the keys and the names of the
 /// derived ones, for naming a key in an error.
 fn script_keys(keys: &LockKeys, fence: bool) -> (Vec<Key>, Vec<String>) {
     let mut names = vec![keys.waiters(), keys.waiters_until()];
     match keys.kind() {
-        LockKind::Fair => {}
+        LockKind::Plain | LockKind::Fair => names.push(keys.wants()),
         LockKind::Semaphore => names.extend([keys.leases(), keys.wants()]),
-        LockKind::Plain | LockKind::Read | LockKind::Write => names.push(keys.leases()),
+        LockKind::Read | LockKind::Write => names.push(keys.leases()),
     }
     let mut list = Vec::with_capacity(2 + names.len());
     list.push(Key::from(keys.hash_str()));
@@ -245,39 +227,43 @@ fn script_error(keys: &LockKeys, names: &[String], error: fred::error::Error) ->
     from_fred(error, &all)
 }
 
-/// Runs the acquire script of a kind with a line of waiters: the fair lock
-/// (`scripts/fair/acquire.lua`), a read/write lock's side (`scripts/rw/acquire.lua`) or a
-/// semaphore (`scripts/sem/acquire.lua`). Their arguments share one order: owner, lease, mode
-/// ('t' a try, 'w' a waiter's try, 'r' a re-entry), the re-entered token (or 'n' for a
-/// non-reentrant handle: the fair lock reads it), the waiter channel prefix, the entry's
-/// lifetime, and the kind's own: a read/write lock's side, a semaphore's permits.
+/// Runs the acquire script of a kind with a line of waiters: a lock's line
+/// (`scripts/line/acquire.lua`: every try of a fair lock, a waiting plain lock's), a read/write
+/// lock's side (`scripts/rw/acquire.lua`) or a semaphore (`scripts/sem/acquire.lua`). Their
+/// arguments share one order: owner, lease, mode ('t' a try, 'w' a waiter's try, 'r' a
+/// re-entry), the re-entered token (or 'n' for a non-reentrant handle: the lock's line reads
+/// it), the waiter channel prefix, the entry's lifetime, and the kind's own: a plain lock's
+/// waiters hear on their client's channel, a read/write lock's side, a semaphore's permits.
 async fn kind_acquire<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
     owner: &Owner,
     lease: Lease,
-    mode: AcquireMode<'_>,
+    mode: AcquireMode,
     permits: u32,
 ) -> Result<Acquire> {
     let prefix = keys.waiter_channel_prefix();
-    let (code, fourth, life) = match mode {
-        AcquireMode::Reenter(token) => ("r", token_arg(Some(token)), 0),
-        AcquireMode::FairWaiter {
+    let (code, fourth, life, fixed) = match mode {
+        AcquireMode::Reenter(token) => ("r", token_arg(Some(token)), 0, false),
+        AcquireMode::Waiter {
             entry_life,
             non_reentrant,
+            fixed_lease,
         } => (
             "w",
             word(if non_reentrant { "n" } else { "" }),
             entry_life.millis(),
+            fixed_lease,
         ),
-        AcquireMode::NonReentrant(_) => ("t", word("n"), 0),
-        AcquireMode::Try | AcquireMode::Waiter(_) => ("t", word(""), 0),
+        AcquireMode::NonReentrant => ("t", word("n"), 0, false),
+        AcquireMode::Try => ("t", word(""), 0, false),
     };
     let (script, seventh) = match keys.kind() {
         LockKind::Read | LockKind::Write => (&scripts.rw_acquire, side(keys)),
         LockKind::Semaphore => (&scripts.sem_acquire, Value::from(i64::from(permits))),
-        LockKind::Fair | LockKind::Plain => (&scripts.fair_acquire, word("")),
+        LockKind::Fair => (&scripts.line_acquire, word("")),
+        LockKind::Plain => (&scripts.line_acquire, word("c")),
     };
     let (_, names) = script_keys(keys, true);
     let reply: Value = script
@@ -292,6 +278,7 @@ async fn kind_acquire<C: crate::connection::ScriptConnection>(
                     Value::from(prefix.as_str()),
                     Value::from(life as i64),
                     seventh.clone(),
+                    word(if fixed { "f" } else { "" }),
                 ]),
             )
         })
@@ -506,6 +493,7 @@ fn acquire_reply(reply: Value) -> Result<Acquire> {
             ttl: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
             place: int_at(values, 2),
             ahead: int_at(values, 3).and_then(|rank| u64::try_from(rank).ok()),
+            counter: int_at(values, 4).and_then(|counter| u64::try_from(counter).ok()),
         }),
         (Some(count), Some(fence)) if count > 1 && fence >= 0 => Ok(Acquire::Granted {
             hold_count: count as u64,
@@ -561,7 +549,7 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
             scripts
                 .release
                 .call(client, || {
-                    let mut args = Vec::with_capacity(4);
+                    let mut args = Vec::with_capacity(6);
                     args.push(Value::from(hold.owner.id_str().clone()));
                     args.push(Value::from(keys.released_str()));
                     // The common release names no grant: two arguments (see the script).
@@ -570,11 +558,12 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
                     }
                     if let Some(expected) = expected {
                         args.push(Value::from(expected as i64));
+                        if let Some(place) = place {
+                            args.push(Value::from(place.score));
+                            args.push(Value::from(place.life.millis() as i64));
+                        }
                     }
-                    (
-                        vec![Key::from(keys.hash_str()), Key::from(keys.queue_str())].into(),
-                        Value::Array(args),
-                    )
+                    (line_keys(keys).into(), Value::Array(args))
                 })
                 .await
         }
@@ -592,13 +581,14 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
                             expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
                             Value::from(keys.released_str()),
                             Value::from(prefix.as_str()),
+                            word(if keys.is_fair() { "o" } else { "" }),
                         ]),
                     )
                 })
                 .await
         }
     }
-    .map_err(|e| from_fred(e, &[keys.hash(), keys.queue()]).naming(keys.name()))?;
+    .map_err(|e| from_fred(e, &[keys.hash(), keys.fence()]).naming(keys.name()))?;
     match reply.as_i64() {
         Some(-1) => Ok(Release::NotHeld),
         Some(-2) => Ok(Release::Unchanged),
@@ -666,28 +656,40 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                 .await
         }
         _ => {
-            let prefix = keys.waiter_channel_prefix();
+            // A fair lock's release: the plain lock's script, its waiters heard on their
+            // owners' channels.
             scripts
-                .fair_release
+                .release
                 .call(client, || {
-                    let mut args = Vec::with_capacity(6);
-                    args.push(Value::from(hold.owner.id_str().clone()));
-                    args.push(Value::from(prefix.as_str()));
-                    if token.is_some() || expected.is_some() {
-                        args.push(token_arg(token));
-                    }
-                    if let Some(expected) = expected {
-                        args.push(Value::from(expected as i64));
-                        if place.is_some() {
-                            args.push(score.clone());
-                            args.push(life.clone());
-                        }
-                    }
-                    (script_keys(keys, false).0.into(), Value::Array(args))
+                    (
+                        line_keys(keys).into(),
+                        Value::Array(vec![
+                            Value::from(hold.owner.id_str().clone()),
+                            Value::from(keys.released_str()),
+                            token_arg(token),
+                            expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
+                            score.clone(),
+                            life.clone(),
+                            word("o"),
+                        ]),
+                    )
                 })
                 .await
         }
     }
+}
+
+/// A lock's keys as its line's scripts take them (`scripts/release.lua`,
+/// `scripts/line/*.lua`): the hash, the fence counter, the waiters, their deadlines and the
+/// fixed leases they asked for.
+fn line_keys(keys: &LockKeys) -> Vec<Key> {
+    vec![
+        Key::from(keys.hash_str()),
+        Key::from(keys.fence_str()),
+        Key::from(keys.waiters_str()),
+        Key::from(keys.waiters_until()),
+        Key::from(keys.wants()),
+    ]
 }
 
 /// One thing to renew: a grant of one owner on one lock, or a fair-lock waiter's entry.
@@ -739,7 +741,7 @@ pub async fn renew<C: crate::connection::ScriptConnection>(
                     None => {
                         keys.push(Key::from(lock.waiters()));
                         keys.push(Key::from(lock.waiters_until()));
-                        if lock.is_semaphore() {
+                        if !lock.is_read_write() {
                             keys.push(Key::from(lock.wants()));
                             args.push(word("+"));
                         } else {
@@ -760,50 +762,51 @@ pub async fn renew<C: crate::connection::ScriptConnection>(
     }
 }
 
-/// Takes `client_id` out of the lock's turn queue (its last waiter gave up). One ZREM: a
-/// plain command, not a state change that needs a script.
-pub async fn leave_queue<C: fred::interfaces::SortedSetsInterface + Send + Sync>(
-    client: &C,
-    keys: &LockKeys,
-    client_id: &str,
-) -> Result<()> {
-    resend_not_run(|| client.zrem::<(), _, _>(keys.queue_str(), client_id))
-        .await
-        .map_err(|e| from_fred(e, &[keys.queue()]))
-}
-
-/// A fair-lock (or read/write lock) waiter gives up: its entry goes, and a turn reserved for
-/// it passes on (`scripts/fair/leave.lua`, `scripts/rw/leave.lua`).
-pub async fn fair_leave<C: crate::connection::ScriptConnection>(
+/// A waiter gives up: its entry leaves the line, and a grant the line made to it that its
+/// client never took (`known`: the token of the owner's grant the client holds, if any) passes
+/// on (`scripts/line/leave.lua`; a read/write lock's and a semaphore's own leave scripts).
+pub async fn leave_line<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
     owner: &Owner,
+    known: Option<FencingToken>,
 ) -> Result<()> {
     let prefix = keys.waiter_channel_prefix();
-    let script = match keys.kind() {
-        LockKind::Semaphore => &scripts.sem_leave,
-        LockKind::Read | LockKind::Write => &scripts.rw_leave,
-        _ => &scripts.fair_leave,
+    let (script, list, args) = match keys.kind() {
+        LockKind::Semaphore | LockKind::Read | LockKind::Write => {
+            let script = if keys.is_semaphore() {
+                &scripts.sem_leave
+            } else {
+                &scripts.rw_leave
+            };
+            let args = vec![
+                Value::from(owner.id_str().clone()),
+                Value::from(prefix.as_str()),
+            ];
+            (script, script_keys(keys, false).0, args)
+        }
+        LockKind::Plain | LockKind::Fair => {
+            let args = vec![
+                Value::from(owner.id_str().clone()),
+                Value::from(prefix.as_str()),
+                token_arg(known),
+                word(if keys.is_fair() { "" } else { "c" }),
+            ];
+            (&scripts.line_leave, line_keys(keys), args)
+        }
     };
     let (_, names) = script_keys(keys, false);
     let _: i64 = script
-        .call(client, || {
-            (
-                script_keys(keys, false).0.into(),
-                Value::Array(vec![
-                    Value::from(owner.id_str().clone()),
-                    Value::from(prefix.as_str()),
-                ]),
-            )
-        })
+        .call(client, || (list.clone().into(), Value::Array(args.clone())))
         .await
         .map_err(|e| script_error(keys, &names, e))?;
     Ok(())
 }
 
 /// Runs the force-unlock script: removes the lock whoever holds it and publishes the release
-/// (a fair lock's first live waiter gets its turn). Returns whether there was a lock.
+/// (a lock's first live waiter is granted it, as by a release). Returns whether there was a
+/// lock.
 pub async fn force_unlock<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
@@ -814,11 +817,19 @@ pub async fn force_unlock<C: crate::connection::ScriptConnection>(
         .force_unlock
         .call(client, || {
             (
-                script_keys(keys, false).0.into(),
+                script_keys(keys, true).0.into(),
                 Value::Array(vec![
                     Value::from(keys.released_str()),
                     Value::from(prefix.as_str()),
-                    word(if keys.is_read_write() { "rw" } else { "" }),
+                    // A plain handle tells a waiter on both channels: a plain and a fair lock
+                    // keep the same keys, and an operator's tool may not know which it is.
+                    word(if keys.is_read_write() {
+                        "rw"
+                    } else if keys.is_fair() {
+                        "o"
+                    } else {
+                        ""
+                    }),
                 ]),
             )
         })

@@ -372,7 +372,7 @@ mod tests {
     fn classes() {
         let keys = ["lock", "fence", "queue"];
         assert!(matches!(
-            from_fred(reply("WRONGTYPE 3 the turn queue holds another type"), &keys),
+            from_fred(reply("WRONGTYPE 3 the waiters key holds another type"), &keys),
             LockError::WrongType { key } if key == "queue"
         ));
         assert!(matches!(

@@ -6,19 +6,16 @@
 //! |---------------------|--------|-------------------------------------------------------|
 //! | `P:{N}`             | hash   | owner id -> hold count, and `~fence` -> this grant's  |
 //! |                     |        | fencing token; PEXPIRE = the lease                    |
-//! | `P:{N}:released`    | channel| published when a lock becomes free or changes turn    |
-//! | `P:{N}:queue`       | zset   | clients with waiters, in turn order (contended only)  |
+//! | `P:{N}:released`    | channel| published when a lock becomes free with nobody in line|
+//! | `P:{N}:waiters`     | zset   | the line: owner id -> arrival (server microseconds)   |
+//! | `P:{N}:waiters:until` | zset | owner id -> when the entry is dead (server ms;        |
+//! |                     |        | renewed by the waiter's watchdog)                     |
+//! | `P:{N}:released:<c>`| channel| a plain lock's waiters of client `c`: their grants    |
 //! | `P:{T}:fence`       | string | last fencing token handed out in N's Cluster slot;    |
 //! |                     |        | `T` is a number chosen to hash to that slot; no TTL    |
 //!
-//! A fair lock ([`LockKeys::fair`]) and a read/write lock add, while someone waits:
-//!
-//! | key / channel              | type    | what                                          |
-//! |----------------------------|---------|-----------------------------------------------|
-//! | `P:{N}:waiters`            | zset    | owner id -> arrival (server microseconds)     |
-//! | `P:{N}:waiters:until`      | zset    | owner id -> when the entry is dead (server    |
-//! |                            |         | milliseconds; renewed by the watchdog)        |
-//! | `P:{N}:released:<owner>`   | channel | that waiter's turn                            |
+//! A fair lock ([`LockKeys::fair`]) has an entry in the line for every waiting owner, and each
+//! hears its grant on `P:{N}:released:<owner>`.
 //!
 //! A read/write lock's hash has other fields (see `scripts/rw/common.lua`), and its holds'
 //! leases are in `P:{N}:leases` (zset: the writer's owner id or `~r:<owner>` -> deadline in
@@ -113,13 +110,13 @@ impl fmt::Display for Prefix {
 #[derive(Clone, Debug)]
 pub struct LockKeys(Arc<KeyStrings>);
 
-/// One buffer, `name | hash | released | queue | fence`, and where each part ends. Offsets
+/// One buffer, `name | hash | released | waiters | fence`, and where each part ends. Offsets
 /// rather than five `Str`s (32 bytes each): a client may hold ten thousand locks, and a hold
 /// table entry, a guard and a handle all share this one allocation.
 #[derive(Debug)]
 struct KeyStrings {
     all: Str,
-    /// End offsets of the name, the hash, the channel and the queue; the fence key runs to the
+    /// End offsets of the name, the hash, the channel and the line; the fence key runs to the
     /// end. A name is at most 1 KiB and a prefix 256 bytes, so the buffer fits `u16` offsets.
     ends: [u16; 4],
     slot: u16,
@@ -132,7 +129,7 @@ struct KeyStrings {
 pub enum LockKind {
     /// The plain reentrant lock (`scripts/*.lua`).
     Plain,
-    /// The fair lock (`scripts/fair/`).
+    /// The fair lock (`scripts/line/`, and the plain lock's `release.lua`).
     Fair,
     /// A read/write lock's read side (`scripts/rw/`).
     Read,
@@ -180,7 +177,7 @@ impl KeyStrings {
 const NAME: usize = 0;
 const HASH: usize = 1;
 const RELEASED: usize = 2;
-const QUEUE: usize = 3;
+const WAITERS: usize = 3;
 const FENCE: usize = 4;
 
 impl PartialEq for LockKeys {
@@ -259,7 +256,7 @@ impl LockKeys {
         // when a slice goes into a command.
         let prefix = prefix.as_str();
         let hash_len = prefix.len() + 1 + name.len() + if tagged { 0 } else { 2 };
-        let suffixes = [":released", ":queue"];
+        let suffixes = [":released", ":waiters"];
         let mut fence_tag = [0u8; 10];
         let fence_tag = slot::tag_text(slot, &mut fence_tag);
         let fence_len = prefix.len() + 2 + fence_tag.len() + ":fence".len() + 1;
@@ -338,8 +335,9 @@ impl LockKeys {
         matches!(self.0.kind, LockKind::Read | LockKind::Write)
     }
 
-    /// Whether waiters of this kind line up one by one in Redis (`P:{N}:waiters`), each with
-    /// its own channel: the fair lock and the read/write lock.
+    /// Whether every waiting owner of this kind has its own entry in Redis's line
+    /// (`P:{N}:waiters`) and its own channel: every kind but the plain lock, whose client's
+    /// waiters share one entry (their head's) and the client's channel.
     pub fn has_own_lines(&self) -> bool {
         self.0.kind != LockKind::Plain
     }
@@ -360,17 +358,18 @@ impl LockKeys {
         format!("{}:leases", self.hash())
     }
 
-    /// `P:{N}:waiters`: a fair lock's waiters in arrival order.
+    /// `P:{N}:waiters`: the lock's line of waiters, in arrival order.
     pub fn waiters(&self) -> String {
-        format!("{}:waiters", self.hash())
+        self.0.text(WAITERS).to_string()
     }
 
-    /// `P:{N}:waiters:until`: when each fair-lock waiter's entry is dead unless renewed.
+    /// `P:{N}:waiters:until`: when each waiter's entry is dead unless renewed.
     pub fn waiters_until(&self) -> String {
         format!("{}:waiters:until", self.hash())
     }
 
-    /// `P:{N}:released:`: a fair-lock waiter hears its turn on this plus its owner id.
+    /// `P:{N}:released:`: a waiter hears its grant on this plus its client id (a plain lock)
+    /// or its owner id (the other kinds).
     pub fn waiter_channel_prefix(&self) -> String {
         format!("{}:", self.released())
     }
@@ -390,14 +389,10 @@ impl LockKeys {
         self.0.text(FENCE)
     }
 
-    /// `P:{N}:released`: the channel releases and turns are published on.
+    /// `P:{N}:released`: the channel a release with nobody in line publishes on (a RedLock's
+    /// and a latch's waiters listen there).
     pub fn released(&self) -> &str {
         self.0.text(RELEASED)
-    }
-
-    /// `P:{N}:queue`: the clients that have waiters, in the order their turn comes.
-    pub fn queue(&self) -> &str {
-        self.0.text(QUEUE)
     }
 
     /// The Redis Cluster slot of every key of this lock.
@@ -417,15 +412,14 @@ impl LockKeys {
         self.0.str(RELEASED)
     }
 
-    pub(crate) fn queue_str(&self) -> Str {
-        self.0.str(QUEUE)
+    pub(crate) fn waiters_str(&self) -> Str {
+        self.0.str(WAITERS)
     }
 }
 
 /// Suffixes of a lock's own keys. A tagged name ending in one of them would collide with
-/// another lock's key (`{a}:queue` is lock `a`'s turn queue, `{a}:waiters` its fair queue), so
-/// such names are refused.
-/// `:fence` is the per-slot fencing counters' suffix.
+/// another lock's key (`{a}:waiters` is lock `a`'s line), so such names are refused. `:fence`
+/// is the per-slot fencing counters' suffix; `:queue` is kept reserved for the lock's own use.
 const RESERVED_SUFFIXES: [&str; 7] = [
     ":fence",
     ":released",
@@ -458,7 +452,7 @@ mod tests {
         );
         assert_eq!(crate::slot::key_slot(k.hash().as_bytes()), k.slot());
         assert_eq!(crate::slot::key_slot(k.fence().as_bytes()), k.slot());
-        assert_eq!(crate::slot::key_slot(k.queue().as_bytes()), k.slot());
+        assert_eq!(crate::slot::key_slot(k.waiters().as_bytes()), k.slot());
         assert_eq!(crate::slot::key_slot(k.released().as_bytes()), k.slot());
         let tagged = LockKeys::new(&Prefix::new("app").unwrap(), "a{b}c").unwrap();
         assert_eq!(tagged.slot(), crate::slot::slot_of(b"b"));

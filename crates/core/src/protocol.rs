@@ -1,5 +1,5 @@
-//! The protocol's words, defined once: the lock hash's special fields, the release-channel
-//! messages and the turn grace. Rust uses these constants, and the Lua scripts get them filled
+//! The protocol's words, defined once: the lock hash's special fields, the channel messages and
+//! the read/write lock's turn grace. Rust uses these constants, and the Lua scripts get them filled
 //! in when they are built ([`crate::scripts::Scripts::new`]), so the two cannot drift apart.
 
 use std::time::Duration;
@@ -8,8 +8,15 @@ use std::time::Duration;
 /// with `~` are never owners: owner ids start with a uuid.
 pub const FENCE_FIELD: &str = "~fence";
 
-/// Prefix of the hash field that reserves a released lock for one client's turn
-/// (`~turn:<client id>`, `@TURN@` in the scripts). While reserved it is the hash's only field.
+/// Hash field of a lock whose grant the line made (`@GRANTED@`): a release (or a waiter
+/// leaving, or a force unlock) granted the lock to the first live waiter in line, which wakes
+/// holding it. That waiter's own try takes such a grant as its own, and a waiter that gave up
+/// before it heard of the grant hands it on when it leaves.
+pub const GRANTED_FIELD: &str = "~granted";
+
+/// Prefix of the hash field that reserves a released read/write lock for the turn of the
+/// writer first in line (`~turn:<owner id>`, `@TURN@` in the scripts). While reserved it is the
+/// hash's only field besides the kind.
 pub const TURN_FIELD_PREFIX: &str = "~turn:";
 
 /// Hash field of a lock whose last hold was handed to nobody by `unlock_after` (`@EXPIRING@`):
@@ -49,55 +56,64 @@ pub const ROUND_FIELD: &str = "~round";
 /// [`LockError::WrongKind`](crate::LockError::WrongKind) before it writes anything.
 pub const KIND_FIELD: &str = "~kind";
 
-/// Payload of a release with nobody queued (also force unlock and settled repairs): one waiter
-/// of each subscribed client wakes (`@FREE@`).
+/// Payload of a release with nobody in line (also force unlock, settled repairs, and a wake-up
+/// on a waiter's own channel: look again), `@FREE@` in the scripts.
 pub const FREE_PAYLOAD: &str = "*";
 
-/// Prefix of the payload published when a queued client took its turn (`@TAKEN@`), followed by
-/// the new hold's lease in milliseconds (`-30000`): other clients stop their standby timers, and
-/// a waiter that found the lock reserved for that turn learns how long it is now held at most,
-/// without asking again.
-pub const TAKEN_PAYLOAD: &str = "-";
+/// Prefix of the payload a waiter hears on its own channel when the line granted it the lock
+/// (`@GRANT@`): `=<fencing token>:<lease ms>:<owner id>`. The waiter wakes holding the grant.
+pub const GRANT_PAYLOAD: &str = "=";
 
-/// How long a released lock stays reserved for the client whose turn it is, by default, and how
-/// long other clients wait before trying themselves when that client does not take it (crashed,
-/// or its waiter left). Loopback handoffs take well under a millisecond; 25 ms also covers a
-/// LAN. [`Protocol::turn_grace`] changes it per client.
+/// How long a released read/write lock stays reserved for the turn of the writer first in line
+/// at least, by default. [`Protocol::turn_grace`] changes it per client.
 pub const DEFAULT_TURN_GRACE: Duration = Duration::from_millis(25);
 
-/// One message on a lock's release channel.
+/// One message on a lock's channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Message<'a> {
-    /// The lock is free (nobody was queued, or it was force-unlocked or settled).
+    /// Look again: the lock may be free (nobody was in line, or it was force-unlocked or
+    /// settled), or it is this waiter's turn to try.
     Free,
-    /// A queued client took its turn; the new hold's lease, when the payload carries it.
-    Taken(Option<Duration>),
-    /// The lock is reserved for this client's turn (a client id).
-    Turn(&'a str),
+    /// The line granted the lock to this owner, with this fencing token and lease.
+    Granted {
+        /// The grant's token.
+        fence: u64,
+        /// The grant's lease in milliseconds, from the moment the release ran.
+        lease_ms: u64,
+        /// The owner granted.
+        owner: &'a str,
+    },
 }
 
 impl<'a> Message<'a> {
-    /// Reads a payload. Anything that is not one of the two markers names a client.
+    /// Reads a payload. Anything that is not a grant is a wake-up.
     pub fn parse(payload: &'a str) -> Message<'a> {
-        if payload == FREE_PAYLOAD {
-            return Message::Free;
+        if let Some(grant) = payload.strip_prefix(GRANT_PAYLOAD) {
+            let mut parts = grant.splitn(3, ':');
+            if let (Some(fence), Some(lease), Some(owner)) =
+                (parts.next(), parts.next(), parts.next())
+            {
+                if let (Ok(fence), Ok(lease_ms)) = (fence.parse(), lease.parse()) {
+                    return Message::Granted {
+                        fence,
+                        lease_ms,
+                        owner,
+                    };
+                }
+            }
         }
-        // Client ids are hex uuids: they never start with the marker.
-        if let Some(lease) = payload.strip_prefix(TAKEN_PAYLOAD) {
-            return Message::Taken(lease.parse().ok().map(Duration::from_millis));
-        }
-        Message::Turn(payload)
+        Message::Free
     }
 
     /// The payload as published.
     pub fn payload(self) -> String {
         match self {
             Message::Free => FREE_PAYLOAD.to_string(),
-            Message::Taken(lease) => format!(
-                "{TAKEN_PAYLOAD}{}",
-                lease.map_or_else(String::new, |l| l.as_millis().to_string())
-            ),
-            Message::Turn(client) => client.to_string(),
+            Message::Granted {
+                fence,
+                lease_ms,
+                owner,
+            } => format!("{GRANT_PAYLOAD}{fence}:{lease_ms}:{owner}"),
         }
     }
 }
@@ -105,7 +121,7 @@ impl<'a> Message<'a> {
 /// The timing of the turn protocol. Every client of one deployment should use the same values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Protocol {
-    /// How long a release reserves the lock for the next client's turn; see
+    /// How long a release reserves a read/write lock for the next writer's turn at least; see
     /// [`DEFAULT_TURN_GRACE`].
     pub turn_grace: Duration,
     /// Release messages go over sharded pub/sub (`SPUBLISH`; waiters `SSUBSCRIBE`): on Redis
@@ -136,9 +152,11 @@ mod tests {
     fn messages_round_trip() {
         for message in [
             Message::Free,
-            Message::Taken(Some(Duration::from_secs(30))),
-            Message::Taken(None),
-            Message::Turn("c0ffee"),
+            Message::Granted {
+                fence: 1_700_000_000_000_001,
+                lease_ms: 30_000,
+                owner: "c0ffee:t7",
+            },
         ] {
             assert_eq!(Message::parse(&message.payload()), message);
         }

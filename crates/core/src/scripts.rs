@@ -1,10 +1,10 @@
 //! The Lua scripts: one per state change, each in its own `.lua` file beside this one.
 //!
-//! The files name the protocol's words as placeholders (`@FENCE@`, `@TURN@`, `@EXPIRING@`,
-//! `@FREE@`, `@TAKEN@`, `@GRACE_MS@`, `@PUBLISH@`) and the shared pieces they inline (`@NEXT_FENCE@`,
+//! The files name the protocol's words as placeholders (`@FENCE@`, `@GRANTED@`, `@TURN@`,
+//! `@EXPIRING@`, `@FREE@`, `@GRANT@`, `@GRACE_MS@`, `@PUBLISH@`) and the shared pieces they inline (`@NEXT_FENCE@`,
 //! `@JOIN_LINE@`, `@KEEP_PLACE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
 //! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
-//! can lengthen the turn grace.
+//! can lengthen the read/write lock's turn grace.
 //!
 //! Every script is sent with EVALSHA; when Redis answers NOSCRIPT (after a restart, a failover
 //! or SCRIPT FLUSH) it is loaded with SCRIPT LOAD and sent again. NOSCRIPT means the script did
@@ -25,9 +25,9 @@ use tokio::time::Instant;
 
 use crate::error::{classify, Class};
 use crate::protocol::{
-    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, KIND_FIELD, LATCH_FIELD, MODE_FIELD,
-    PERMITS_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, ROUND_FIELD, TAKEN_PAYLOAD,
-    TURN_FIELD_PREFIX, USED_FIELD, WRITER_FIELD,
+    Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, GRANTED_FIELD, GRANT_PAYLOAD, KIND_FIELD,
+    LATCH_FIELD, MODE_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX,
+    ROUND_FIELD, TURN_FIELD_PREFIX, USED_FIELD, WRITER_FIELD,
 };
 
 /// A Lua script with its SHA1.
@@ -166,12 +166,13 @@ const MAX_NOT_RUN_PAUSE: Duration = Duration::from_millis(50);
 /// Replaces the protocol placeholders of a script file.
 fn fill(template: &str, protocol: &Protocol) -> String {
     let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
+    // The hand-on first: it names the fence piece itself.
     let mut lua = template
+        .replace("@HAND_ON@", files::LINE_HAND_ON)
         .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@JOIN_LINE@", files::JOIN_LINE)
         .replace("@KEEP_PLACE@", files::KEEP_PLACE)
         .replace("@RELEASE_HOLD@", files::RELEASE_HOLD)
-        .replace("@HAND_ON@", files::FAIR_HAND_ON)
         .replace("@RW_COMMON@", files::RW_COMMON)
         .replace("@SEM_COMMON@", files::SEM_COMMON)
         .replace("@PERMITS@", PERMITS_FIELD)
@@ -184,10 +185,11 @@ fn fill(template: &str, protocol: &Protocol) -> String {
         .replace("@MODE@", MODE_FIELD)
         .replace("@WRITER@", WRITER_FIELD)
         .replace("@FENCE@", FENCE_FIELD)
+        .replace("@GRANTED@", GRANTED_FIELD)
         .replace("@TURN@", TURN_FIELD_PREFIX)
         .replace("@EXPIRING@", EXPIRING_FIELD)
         .replace("@FREE@", FREE_PAYLOAD)
-        .replace("@TAKEN@", TAKEN_PAYLOAD)
+        .replace("@GRANT@", GRANT_PAYLOAD)
         .replace("@GRACE_MS@", &grace_ms);
     if protocol.silent {
         // Evaluates the channel and message as the call would, and sends nothing.
@@ -209,7 +211,8 @@ fn fill(template: &str, protocol: &Protocol) -> String {
 pub mod files {
     /// `acquire.lua`: acquire, re-enter, or queue as a waiter.
     pub const ACQUIRE: &str = include_str!("scripts/acquire.lua");
-    /// `release.lua`: release one hold (or settle an unanswered command); hands the turn on.
+    /// `release.lua`: release one hold of a plain or fair lock (or settle an unanswered
+    /// command); grants the lock to the first live waiter in line.
     pub const RELEASE: &str = include_str!("scripts/release.lua");
     /// `release_after.lua`: let the last hold end later instead of now.
     pub const RELEASE_AFTER: &str = include_str!("scripts/release_after.lua");
@@ -217,12 +220,11 @@ pub mod files {
     pub const RENEW: &str = include_str!("scripts/renew.lua");
     /// `force_unlock.lua`: remove a lock whoever holds it and wake its waiters.
     pub const FORCE_UNLOCK: &str = include_str!("scripts/force_unlock.lua");
-    /// `fair/acquire.lua`: acquire, re-enter or queue for a fair lock.
-    pub const FAIR_ACQUIRE: &str = include_str!("scripts/fair/acquire.lua");
-    /// `fair/release.lua`: release one hold of a fair lock; hands it to the first live waiter.
-    pub const FAIR_RELEASE: &str = include_str!("scripts/fair/release.lua");
-    /// `fair/leave.lua`: a fair-lock waiter gives up its place (and a turn reserved for it).
-    pub const FAIR_LEAVE: &str = include_str!("scripts/fair/leave.lua");
+    /// `line/acquire.lua`: acquire, re-enter or wait in line: a fair lock's tries, and a
+    /// waiting plain lock's.
+    pub const LINE_ACQUIRE: &str = include_str!("scripts/line/acquire.lua");
+    /// `line/leave.lua`: a lock's waiter gives up its place (and a grant it never took).
+    pub const LINE_LEAVE: &str = include_str!("scripts/line/leave.lua");
     /// `next_fence.lua`: the next fencing token, inlined where a script that grants says
     /// `@NEXT_FENCE@` (not a script itself).
     pub const NEXT_FENCE: &str = include_str!("scripts/next_fence.lua");
@@ -235,8 +237,9 @@ pub mod files {
     /// `keep_place.lua`: a settle puts a waiter whose try it takes back where it stood in line,
     /// inlined where a release script says `@KEEP_PLACE@` (not a script itself).
     pub const KEEP_PLACE: &str = include_str!("scripts/keep_place.lua");
-    /// `fair/hand_on.lua`: inlined where a fair script says `@HAND_ON@` (not a script itself).
-    pub const FAIR_HAND_ON: &str = include_str!("scripts/fair/hand_on.lua");
+    /// `line/hand_on.lua`: a release grants the first live waiter, inlined where a lock's
+    /// script says `@HAND_ON@` (not a script itself).
+    pub const LINE_HAND_ON: &str = include_str!("scripts/line/hand_on.lua");
     /// `rw/acquire.lua`: acquire, re-enter or queue for a read/write lock's read or write side.
     pub const RW_ACQUIRE: &str = include_str!("scripts/rw/acquire.lua");
     /// `rw/release.lua`: release one read or write hold; tells the head of the line.
@@ -268,9 +271,9 @@ pub struct Scripts {
     pub protocol: Protocol,
     /// Acquire or re-enter; raises the fence on each new grant (`scripts/acquire.lua`).
     pub acquire: LuaScript,
-    /// Release one hold; hands the lock to the next turn or publishes it free
-    /// (`scripts/release.lua`). With an expected hold count it settles an unanswered acquire or
-    /// release instead.
+    /// Release one hold of a plain or fair lock; grants the lock to the first live waiter in
+    /// line, or publishes it free (`scripts/release.lua`). With an expected hold count it
+    /// settles an unanswered acquire or release instead.
     pub release: LuaScript,
     /// Let the last hold end later instead of now (`scripts/release_after.lua`).
     pub release_after: LuaScript,
@@ -278,12 +281,10 @@ pub struct Scripts {
     pub renew: LuaScript,
     /// Remove a lock whoever holds it and wake its waiters (`scripts/force_unlock.lua`).
     pub force_unlock: LuaScript,
-    /// Acquire, re-enter or queue for a fair lock (`scripts/fair/acquire.lua`).
-    pub fair_acquire: LuaScript,
-    /// Release one hold of a fair lock, or settle (`scripts/fair/release.lua`).
-    pub fair_release: LuaScript,
-    /// A fair-lock waiter leaves the line (`scripts/fair/leave.lua`).
-    pub fair_leave: LuaScript,
+    /// Acquire, re-enter or wait in line for a lock (`scripts/line/acquire.lua`).
+    pub line_acquire: LuaScript,
+    /// A lock's waiter leaves the line (`scripts/line/leave.lua`).
+    pub line_leave: LuaScript,
     /// Acquire, re-enter or queue for a read/write lock (`scripts/rw/acquire.lua`).
     pub rw_acquire: LuaScript,
     /// Release one read or write hold, or settle (`scripts/rw/release.lua`).
@@ -327,9 +328,8 @@ impl Scripts {
             release_after: LuaScript::new(files::RELEASE_AFTER, &protocol),
             renew: LuaScript::new(files::RENEW, &protocol),
             force_unlock: LuaScript::new(files::FORCE_UNLOCK, &protocol),
-            fair_acquire: LuaScript::new(files::FAIR_ACQUIRE, &protocol),
-            fair_release: LuaScript::new(files::FAIR_RELEASE, &protocol),
-            fair_leave: LuaScript::new(files::FAIR_LEAVE, &protocol),
+            line_acquire: LuaScript::new(files::LINE_ACQUIRE, &protocol),
+            line_leave: LuaScript::new(files::LINE_LEAVE, &protocol),
             rw_acquire: LuaScript::new(files::RW_ACQUIRE, &protocol),
             rw_release: LuaScript::new(files::RW_RELEASE, &protocol),
             rw_leave: LuaScript::new(files::RW_LEAVE, &protocol),
@@ -343,16 +343,15 @@ impl Scripts {
     }
 
     /// Every script, for preloading and tests.
-    pub fn all(&self) -> [&LuaScript; 17] {
+    pub fn all(&self) -> [&LuaScript; 16] {
         [
             &self.acquire,
             &self.release,
             &self.release_after,
             &self.renew,
             &self.force_unlock,
-            &self.fair_acquire,
-            &self.fair_release,
-            &self.fair_leave,
+            &self.line_acquire,
+            &self.line_leave,
             &self.rw_acquire,
             &self.rw_release,
             &self.rw_leave,
@@ -381,10 +380,10 @@ mod tests {
         for script in scripts.all() {
             assert!(!script.lua().contains('@'), "{}", script.lua());
         }
-        assert!(scripts.release.lua().contains("'1234'"));
+        assert!(scripts.rw_release.lua().contains("1234)"));
         assert!(scripts.acquire.lua().contains("'~fence'"));
         let default = Scripts::for_protocol(Protocol::default());
-        assert_ne!(default.release.sha1(), scripts.release.sha1());
+        assert_ne!(default.rw_release.sha1(), scripts.rw_release.sha1());
         assert!(Arc::ptr_eq(
             &default,
             &Scripts::for_protocol(Protocol::default())

@@ -9,16 +9,13 @@
 //! - subscribes a channel when its head first needs to wait ([`Place::subscribe`]) and
 //!   unsubscribes it once nobody has waited on it for the linger period (a process that locks
 //!   the same name again soon keeps its subscription and pays no SUBSCRIBE/UNSUBSCRIBE);
-//! - wakes the head of a channel's queue when a release message says the lock is free (`*`) or
-//!   that it is this client's turn (its client id); when the turn is another client's, the head
-//!   stands by for the turn grace in case that client does not take it; `-` (a turn was taken)
-//!   cancels the standby;
+//! - wakes the head of a channel's queue on every message: a grant (`=<token>:<owner>`, kept
+//!   for the waiter it names: [`Place::granted`]) or "look again" (`*`);
 //! - wakes every head when messages may have been lost: the receiver lagged behind fred's
 //!   broadcast channel, or the subscriber connection was re-established (after subscribing its
 //!   channels again, retried until Redis answers);
 //! - is never the only way to wake up: pub/sub is at-most-once, so the head also sleeps no
-//!   longer than the holder's remaining lease (or a reservation's), which the acquire reply
-//!   carries.
+//!   longer than the holder's remaining lease, which the acquire reply carries.
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]

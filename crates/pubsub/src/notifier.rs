@@ -21,11 +21,6 @@ use crate::queue::{Place, Queue};
 /// How a [`ReleaseNotifier`] behaves.
 #[derive(Clone, Debug)]
 pub struct NotifierSettings {
-    /// This client's id: release messages naming it are this client's turn.
-    pub client_id: String,
-    /// How long another client's turn is reserved: a head that heard another client named
-    /// waits this long (plus a hair) before trying itself.
-    pub turn_grace: Duration,
     /// How long a channel stays subscribed after its last local waiter left.
     pub linger: Duration,
     /// How long connecting the subscriber may take.
@@ -53,17 +48,10 @@ pub(crate) struct Channel {
     subscribed: AtomicBool,
     /// Serializes SUBSCRIBE/UNSUBSCRIBE of this channel; the bool is what Redis was last told.
     redis_state: tokio::sync::Mutex<bool>,
-    /// Bumped by every message; a standby wake-up fires only if no message came after it.
-    pub(crate) epoch: AtomicU64,
-    /// The last "turn taken" message with a lease: its epoch, and until when the turn-taker's
-    /// hold lasts at most.
-    pub(crate) taken: Mutex<Option<(u64, tokio::time::Instant)>>,
-    /// Notified with every "taken" message: sleeping waiters shorten their timers to it.
-    pub(crate) taken_notify: tokio::sync::Notify,
-    /// The pending standby: the epoch of the latest "another client's turn" message and when
-    /// to give up on that client; served by one `stand_by` task at a time.
-    standby: Mutex<Option<(u64, tokio::time::Instant)>>,
-    standby_running: AtomicBool,
+    /// The latest grant heard on the channel: its fencing token, its lease (ms) and the owner
+    /// granted. Tokens of one lock only rise, so the latest is the only one that can still be
+    /// current.
+    pub(crate) granted: Mutex<Option<(u64, u64, String)>>,
     /// Bumped whenever the queue empties or a waiter joins: a lingering unsubscribe proceeds
     /// only if nothing happened since it was planned.
     idle: AtomicU64,
@@ -173,11 +161,7 @@ impl ReleaseNotifier {
                         queue: Mutex::new(Queue::default()),
                         subscribed: AtomicBool::new(false),
                         redis_state: tokio::sync::Mutex::new(false),
-                        epoch: AtomicU64::new(0),
-                        taken: Mutex::new(None),
-                        taken_notify: tokio::sync::Notify::new(),
-                        standby: Mutex::new(None),
-                        standby_running: AtomicBool::new(false),
+                        granted: Mutex::new(None),
                         idle: AtomicU64::new(0),
                         shard_owner: Mutex::new(None),
                     })
@@ -189,9 +173,9 @@ impl ReleaseNotifier {
     }
 
     /// Wakes the head of `channel`'s local line, if anyone waits there: a release this client
-    /// made that its own waiters of that channel must hear, without a message (a fair lock's
-    /// release tells only the first waiter in Redis's line; the releasing owner's other
-    /// futures wait on the owner's own channel). No I/O.
+    /// made that its own waiters of that channel must hear, without a message (a release
+    /// grants only the first waiter in Redis's line; the releasing owner's other futures wait
+    /// locally). No I/O.
     pub fn wake(&self, channel: &str) {
         let channel = self.inner.channels.lock().get(channel).cloned();
         if let Some(channel) = channel {
@@ -456,7 +440,7 @@ async fn receive_loop(inner: Weak<Inner>, (mut messages, mut reconnects): Receiv
                         if let Some(channel) = channel {
                             let payload = message.value.as_str();
                             let payload = payload.as_deref().unwrap_or(leasehold_core::protocol::FREE_PAYLOAD);
-                            on_message(&inner, &channel, Message::parse(payload));
+                            on_message(&channel, Message::parse(payload));
                         }
                     }
                     Err(RecvError::Lagged(missed)) => {
@@ -566,67 +550,24 @@ async fn resubscribe(inner: Weak<Inner>) {
     }
 }
 
-/// One release-channel message:
-/// - `*` (free) or this client's id (its turn): wake the head;
-/// - `-`: a turn was taken: cancel any standby;
-/// - another client's id: that client should take the lock; wake the head here only if no
-///   further message arrives within the turn grace.
-fn on_message(inner: &Inner, channel: &Arc<Channel>, message: Message<'_>) {
-    let epoch = channel.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-    match message {
-        Message::Taken(lease) => {
-            if let Some(lease) = lease {
-                *channel.taken.lock() = Some((epoch, tokio::time::Instant::now() + lease));
-                channel.taken_notify.notify_waiters();
-            }
-        }
-        Message::Free => channel.queue.lock().wake_head(),
-        Message::Turn(client) if client == inner.settings.client_id => {
-            channel.queue.lock().wake_head();
-        }
-        Message::Turn(_) => {
-            if channel.queue.lock().cells.is_empty() {
-                return; // lingering: nobody here waits
-            }
-            // A hair past the reservation, so the try finds it expired.
-            let until =
-                tokio::time::Instant::now() + inner.settings.turn_grace + Duration::from_millis(2);
-            *channel.standby.lock() = Some((epoch, until));
-            // One standby task per channel at a time: a handoff every millisecond would
-            // otherwise spawn a task and a timer per message in every client.
-            if !channel.standby_running.swap(true, Ordering::SeqCst) {
-                tokio::spawn(stand_by(channel.clone()));
-            }
+/// One message on a channel: a grant is kept for the waiter it names (the latest one: a
+/// lock's tokens only rise); either way the head of the channel's local line wakes and looks.
+fn on_message(channel: &Arc<Channel>, message: Message<'_>) {
+    if let Message::Granted {
+        fence,
+        lease_ms,
+        owner,
+    } = message
+    {
+        let mut granted = channel.granted.lock();
+        if granted
+            .as_ref()
+            .is_none_or(|(latest, _, _)| *latest < fence)
+        {
+            *granted = Some((fence, lease_ms, owner.to_string()));
         }
     }
-}
-
-/// The standby of a channel: when the latest "another client's turn" message is followed by no
-/// other message within the turn grace, that client did not take its turn (it crashed, or its
-/// waiter left), and the head here tries itself. Runs while such a message is pending.
-async fn stand_by(channel: Arc<Channel>) {
-    loop {
-        let Some((epoch, until)) = *channel.standby.lock() else {
-            channel.standby_running.store(false, Ordering::SeqCst);
-            // A message may have set a standby between the read and the store: keep going.
-            if channel.standby.lock().is_some()
-                && !channel.standby_running.swap(true, Ordering::SeqCst)
-            {
-                continue;
-            }
-            return;
-        };
-        tokio::time::sleep_until(until).await;
-        let mut standby = channel.standby.lock();
-        if *standby != Some((epoch, until)) {
-            continue; // a later turn message moved it
-        }
-        *standby = None;
-        drop(standby);
-        if channel.epoch.load(Ordering::SeqCst) == epoch {
-            channel.queue.lock().wake_head();
-        }
-    }
+    channel.queue.lock().wake_head();
 }
 
 /// `SSUBSCRIBE`s `channel` (sent again while the cluster redirects it) and records the node

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use leasehold_core::LockError;
@@ -14,10 +14,6 @@ use crate::notifier::{Channel, Inner};
 /// wake-up that comes while it is trying is not lost (the `Notify` rule).
 pub(crate) struct Cell {
     pub(crate) notify: Notify,
-    /// Set when this waiter became head because the one before it got the lock: the lock is
-    /// busy (for at most this many milliseconds), so it should wait for a wake-up rather than
-    /// try at once. 0: try at once.
-    busy_ms: AtomicU64,
 }
 
 /// The waiters of one channel on this client, oldest first.
@@ -57,7 +53,6 @@ impl Place {
     pub(crate) fn new(inner: Arc<Inner>, channel: Arc<Channel>) -> Place {
         let cell = Arc::new(Cell {
             notify: Notify::new(),
-            busy_ms: AtomicU64::new(0),
         });
         channel.queue.lock().cells.push_back(cell.clone());
         inner.waiters.fetch_add(1, Ordering::SeqCst);
@@ -108,49 +103,25 @@ impl Place {
         self.channel.queue.lock().cells.len() > 1
     }
 
-    /// If this waiter became head because the one before it got the lock: how long the lock
-    /// stays busy at most (that waiter's lease). Read once.
-    pub fn take_busy_hint(&self) -> Option<std::time::Duration> {
-        match self.cell.busy_ms.swap(0, Ordering::SeqCst) {
-            0 => None,
-            ms => Some(std::time::Duration::from_millis(ms)),
-        }
+    /// The grant this channel last heard for `owner` (its token and its lease in ms), if its
+    /// token is above `seen` (the holder's token when this waiter's last try in line ran: a
+    /// token at most that old is a grant of an earlier wait).
+    pub fn granted(&self, owner: &str, seen: u64) -> Option<(u64, u64)> {
+        self.channel
+            .granted
+            .lock()
+            .as_ref()
+            .filter(|(fence, _, to)| *fence > seen && to == owner)
+            .map(|(fence, lease_ms, _)| (*fence, *lease_ms))
     }
 
-    /// Completes on the next wake-up of this place: a release message or standby timer while it
-    /// is head, promotion to head, or a possible message loss.
+    /// Completes on the next wake-up of this place: a message while it is head (a grant, or
+    /// "look again"), promotion to head, or a possible message loss.
     ///
     /// # Cancel safety
     /// Cancel safe: a wake-up that arrives after the future was dropped stays as a permit.
     pub async fn woken(&self) {
         self.cell.notify.notified().await
-    }
-
-    /// How many messages this client has received on the channel so far: read before a try,
-    /// it dates what [`Place::taken_since`] reports.
-    pub fn epoch(&self) -> u64 {
-        self.channel.epoch.load(Ordering::SeqCst)
-    }
-
-    /// If a queued client took its turn after `epoch` (a "taken" message carrying its lease):
-    /// the instant until which that hold lasts at most. A waiter that found the lock reserved
-    /// for that turn then knows how long to sleep without asking Redis again.
-    pub fn taken_since(&self, epoch: u64) -> Option<tokio::time::Instant> {
-        self.channel
-            .taken
-            .lock()
-            .filter(|(at, _)| *at > epoch)
-            .map(|(_, until)| until)
-    }
-
-    /// Completes at the next "taken" message: a sleeping waiter then re-reads
-    /// [`Place::taken_since`], since the new hold may end before the bound it sleeps on.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only observes (a message between two calls is seen by the next
-    /// `taken_since`).
-    pub fn taken_changed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.channel.taken_notify.notified()
     }
 
     /// Whether Redis has this channel's subscription (as far as this client knows).
@@ -168,15 +139,14 @@ impl Place {
         crate::notifier::subscribe(&self.inner, &self.channel).await
     }
 
-    /// Leaves the queue. `granted_for`: this waiter got the lock with that lease, so the next
-    /// waiter (now head) should wait for a wake-up rather than try at once. Returns true when
-    /// the queue is now empty: no waiter of this client wants the lock any more.
-    pub fn leave(mut self, granted_for: Option<std::time::Duration>) -> bool {
+    /// Leaves the queue; the next waiter (now head) is woken. Returns true when the queue is
+    /// now empty: no waiter of this client wants the lock any more.
+    pub fn leave(mut self) -> bool {
         self.left = true;
-        self.remove(granted_for)
+        self.remove()
     }
 
-    fn remove(&mut self, granted_for: Option<std::time::Duration>) -> bool {
+    fn remove(&mut self) -> bool {
         self.inner.waiters.fetch_sub(1, Ordering::SeqCst);
         self.inner.metrics.waiters(-1.0);
         let empty = {
@@ -188,12 +158,7 @@ impl Place {
             queue.cells.retain(|cell| !Arc::ptr_eq(cell, &self.cell));
             if was_head {
                 if let Some(next) = queue.cells.front() {
-                    if let Some(lease) = granted_for {
-                        next.busy_ms
-                            .store((lease.as_millis() as u64).max(1), Ordering::SeqCst);
-                    }
-                    // Promotion: the next waiter learns it is head. Its busy hint (if any)
-                    // tells it whether to try at once.
+                    // Promotion: the next waiter learns it is head.
                     next.notify.notify_one();
                 }
             }
@@ -209,7 +174,7 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         if !self.left {
-            self.remove(None);
+            self.remove();
         }
     }
 }

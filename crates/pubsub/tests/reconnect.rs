@@ -26,8 +26,6 @@ async fn a_reconnect_resubscribes_in_one_clean_exchange() {
     let notifier = ReleaseNotifier::new(
         builder.build_subscriber_client().unwrap(),
         NotifierSettings {
-            client_id: "me".into(),
-            turn_grace: Duration::from_millis(25),
             linger: Duration::ZERO,
             connect_timeout: Duration::from_secs(5),
             sharded: false,

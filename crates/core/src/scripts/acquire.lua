@@ -4,16 +4,10 @@
 -- KEYS[2]  fence counter   P:{T}:fence    string, no TTL, one per Cluster slot (T hashes to N's)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  mode, absent for a plain try (try_lock, a waiter's first try); otherwise:
+-- ARGV[3]  mode, absent for a plain try (try_lock, a waiter's first try; a waiting plain
+--          lock's later tries are line/acquire.lua's); otherwise:
 --   'n'    a plain try of a non-reentrant lock: a hold of ARGV[1] keeps the lock busy
 --   'r'    re-enter: the client holds this lock under ARGV[1] with the token ARGV[4]
---   'w'    a subscribed waiter: it may take a turn reserved for its client, and its client
---          joins the turn queue when the lock is held; then
---          KEYS[3]  turn queue       P:{N}:queue  zset of client ids with waiters, oldest first
---          ARGV[4]  the waiter's client id
---          ARGV[5]  '1' when that client has more waiters on this lock
---          ARGV[6]  release channel  P:{N}:released
---          ARGV[7]  'n' for a non-reentrant lock's waiter (a hold of ARGV[1] keeps it busy)
 --
 -- The plain try sends only what a grant needs: every argument costs encoding on the client and
 -- a Lua string on the server, on the hottest path there is.
@@ -24,10 +18,10 @@
 --                        microseconds), and the hash keeps the token for re-entries.
 --   {hold_count, fence}  a re-entry (hold_count >= 2) of the grant with that token. It never
 --                        shortens the remaining lease.
---   {0, pttl}            held by another owner, or reserved for another client's turn; pttl is
---                        the remaining lease of the hold (-1: no TTL) or of the reservation, so
---                        a waiter that missed the message naming another client still tries
---                        again when the reservation lapses.
+--   {0, pttl}            held by another owner; pttl is the remaining lease of the hold (-1: no
+--                        TTL). (A plain try does not look at the line: a lock that is free with
+--                        waiters in line, which only a lease that ran out leaves, goes to the
+--                        first try that comes; a release always grants the line's head.)
 --   error 'WRONGTYPE <i> ...'  KEYS[i] holds a value of another type. Nothing else was changed
 --                        (the fence counter may have risen, which is harmless).
 --   error 'WRONGKIND <kind> lock'  the name is in use by another kind (its hash has '@KIND@':
@@ -36,8 +30,8 @@
 -- A hold of ARGV[1] that the client does not re-enter on purpose (mode other than 'r' with the
 -- grant's token) is an orphan: a grant whose reply the client never saw. It is replaced by a new
 -- grant with a new token, never re-entered: the client's hold count would not match Redis's.
--- A non-reentrant lock's try ('n', or ARGV[7] 'n') never replaces one: its owner may hold the
--- lock through another future of the same task, and the answer is "busy" until that ends.
+-- A non-reentrant lock's try ('n') never replaces one: its owner may hold the lock through
+-- another future of the same task, and the answer is "busy" until that ends.
 -- (The WRONGTYPE check after each pcall is written out where it is needed: a Lua helper
 -- function would be a closure created on every call of the script.)
 
@@ -82,49 +76,19 @@ if not fresh then
     end
     if fields[1] then
       -- An orphan, replaced below; or, for a non-reentrant lock, this owner's live hold.
-      fresh = mode ~= 'n' and ARGV[7] ~= 'n'
-    elseif mode == 'w' and redis.call('HEXISTS', KEYS[1], '@TURN@' .. ARGV[4]) == 1 then
-      -- A release reserved the lock for this waiter's client: it takes its turn.
-      fresh = true
+      fresh = mode ~= 'n'
     end
   end
 end
 
 if fresh then
-  -- The next fencing token, before any other write: a failure leaves the lock (or its
-  -- reservation) as it was (next_fence.lua).
+  -- The next fencing token, before any other write: a failure leaves the lock as it was
+  -- (next_fence.lua).
   local t = redis.call('TIME')
   @NEXT_FENCE@
-  if mode == 'w' then
-    -- A waiter got the lock: its client leaves the queue, or goes to the back when it has
-    -- more waiters (scores are microseconds); the other clients hear the turn was taken (and
-    -- the new lease) and stop their standby timers.
-    local queued
-    if ARGV[5] == '1' then
-      queued = redis.pcall('ZADD', KEYS[3], now, ARGV[4])
-    else
-      queued = redis.pcall('ZREM', KEYS[3], ARGV[4])
-    end
-    if type(queued) == 'table' and queued.err then
-      if string.sub(queued.err, 1, 9) == 'WRONGTYPE' then
-        return redis.error_reply('WRONGTYPE 3 the turn queue holds another type')
-      end
-      return queued
-    end
-    -- PTTL, not EXISTS: a queue the ZADD above created has no TTL yet, and must expire like
-    -- one a busy try creates, or a crash of this client would leave it forever.
-    local queue_ttl = redis.call('PTTL', KEYS[3])
-    if queue_ttl ~= -2 then
-      if queue_ttl == -1 then
-        redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[2]) + 10000)
-      end
-      redis.call('@PUBLISH@', ARGV[6], '@TAKEN@' .. ARGV[2])
-    end
-  end
   if pttl ~= -2 then
-    -- A reservation taken over, or an orphan replaced: its fields go but the key stays, for
-    -- a slot that migrates (Redis Cluster) stops a script that deletes a key and writes it
-    -- again ("non local key").
+    -- An orphan replaced: its fields go but the key stays, for a slot that migrates (Redis
+    -- Cluster) stops a script that deletes a key and writes it again ("non local key").
     local old = redis.call('HKEYS', KEYS[1])
     redis.call('HSET', KEYS[1], ARGV[1], '1', '@FENCE@', fence)
     for i = 1, #old do
@@ -139,17 +103,4 @@ if fresh then
   return fence
 end
 
-if mode == 'w' then
-  local t = redis.call('TIME')
-  local queued = redis.pcall('ZADD', KEYS[3], 'NX', t[1] .. string.sub('000000', #t[2] + 1) .. t[2], ARGV[4])
-  if type(queued) == 'table' and queued.err then
-    if string.sub(queued.err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE 3 the turn queue holds another type')
-    end
-    return queued
-  end
-  -- Entries live while someone could still be waiting; a dead client's entry is popped by the
-  -- next release or expires with the queue.
-  redis.call('PEXPIRE', KEYS[3], math.max(pttl, tonumber(ARGV[2])) + 10000)
-end
 return {0, pttl}

@@ -1,18 +1,21 @@
 -- Release a lock whoever holds it, and wake its waiters (operator's escape hatch).
 --
 -- KEYS[1]  lock hash  P:{N}
--- KEYS[2]  (unused)
--- KEYS[3]  fair-lock waiters          P:{N}:waiters
--- KEYS[4]  fair-lock waiter deadlines P:{N}:waiters:until
--- KEYS[5]  read/write lock leases     P:{N}:leases
+-- KEYS[2]  fence counter              P:{T}:fence
+-- KEYS[3]  waiters                    P:{N}:waiters
+-- KEYS[4]  their deadlines            P:{N}:waiters:until
+-- KEYS[5]  read/write lock leases     P:{N}:leases; for a lock (plain or fair), the leases its
+--          waiters asked for  P:{N}:wants
 -- ARGV[1]  release channel  P:{N}:released
--- ARGV[2]  fair-lock waiter channel prefix  P:{N}:released:
+-- ARGV[2]  waiter channel prefix  P:{N}:released:
 -- ARGV[3]  'rw' when the caller knows it is a read/write lock (a lock only reserved for a
---          writer's turn has no '@MODE@' field to tell), else ''
+--          writer's turn has no '@MODE@' field to tell), 'o' for a fair lock (its waiters hear
+--          on their owner's channel), 'c' for a plain lock (on their client's), '' for a lock
+--          of either kind (a plain and a fair lock keep the same keys: both are told)
 --
--- Replies: 1 a lock was removed (and '@FREE@' published: one waiter per client wakes; a fair
--- lock's first live waiter gets its turn; a read/write lock's head of the line is told, every
--- hold of it removed); 0 there was none.
+-- Replies: 1 a lock was removed (and '@FREE@' published on the release channel; a lock's first
+-- live waiter is granted it, as by a release; a read/write lock's head of the line is told,
+-- every hold of it removed); 0 there was none.
 -- error 'WRONGTYPE 1 ...' the key holds another type (it is not ours to delete); 'WRONGKIND
 -- <kind> lock' the name is a semaphore's or a latch's (left alone).
 local kind = redis.call('TYPE', KEYS[1])['ok']
@@ -49,10 +52,14 @@ if read_write then
   end
   return finish(1)
 end
--- A fair lock's first live waiter gets its turn, reserved in the hash in place
--- (fair/hand_on.lua says why); otherwise the hash is deleted, last.
-if line then
+-- The first live waiter of the line is granted the lock, in the hash in place
+-- (line/hand_on.lua says why); otherwise the hash is deleted, last.
+local asked = redis.call('TYPE', KEYS[5])['ok']
+if line and (asked == 'hash' or asked == 'none') then
+  local by_client = ARGV[3] == 'c'
+  local both = ARGV[3] == ''
   local except, leaving = false, false
+  local was_ms = redis.call('PTTL', KEYS[1])
   @HAND_ON@
   if head then
     return 1

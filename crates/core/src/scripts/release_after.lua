@@ -2,7 +2,7 @@
 -- "lock at least for"), or settle such a call whose reply never came.
 --
 -- KEYS[1]  lock hash  P:{N}
--- KEYS[2]  a fair lock's waiters  P:{N}:waiters
+-- KEYS[2]  the lock's waiters  P:{N}:waiters
 -- ARGV[1]  owner id
 -- ARGV[2]  milliseconds until the lock ends
 -- ARGV[3]  the token of the grant the hold must belong to; '' when the client knows the owner's
@@ -10,12 +10,14 @@
 -- ARGV[4]  '' normally; to settle an unanswered call: the hold count the owner has if it did
 --          not run. The call is applied only then.
 -- ARGV[5]  release channel  P:{N}:released
--- ARGV[6]  a fair lock's waiter channel prefix  P:{N}:released:
+-- ARGV[6]  waiter channel prefix  P:{N}:released:
+-- ARGV[7]  'o' when waiters hear on their owner's channel (the fair lock), '' on their
+--          client's (the plain lock)
 --
--- Waiters sleep on the lease they last saw, which the tail may cut short: they are told. The
--- release channel hears '@TAKEN@<ms>' (as when a turn is taken: "busy for at most this long"),
--- so every waiter shortens its timer; a fair lock's first waiter is woken on its own channel
--- and finds the same.
+-- Waiters sleep on the lease they last saw, which the tail may cut short. The first waiter in
+-- line is woken on its own channel: its try finds the tail, sleeps on it, and takes the lock
+-- when it ends (nobody releases a lock that runs out: no grant comes). The release channel
+-- hears '@FREE@' (a RedLock's waiters listen there and look again).
 --
 -- Replies:
 --   remaining       remaining > 0: a re-entered hold was released as usual (the owner's outer
@@ -48,10 +50,13 @@ end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], '@EXPIRING@', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('@PUBLISH@', ARGV[5], '@TAKEN@' .. ARGV[2])
+redis.call('@PUBLISH@', ARGV[5], '@FREE@')
 if redis.call('TYPE', KEYS[2])['ok'] == 'zset' then
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if head then
+    if ARGV[7] ~= 'o' then
+      head = string.match(head, '^[^:]*')
+    end
     redis.call('@PUBLISH@', ARGV[6] .. head, '@FREE@')
   end
 end

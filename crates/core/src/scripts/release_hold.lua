@@ -1,7 +1,7 @@
 -- (Inlined where a lock's release script names it: the checks and the count before the last
 -- hold goes.) Needs KEYS[1] (the lock hash), ARGV[1] (the owner), ARGV[3] (the grant's token,
--- absent or '' for "the owner's grant") and ARGV[4] (absent for a release; the expected count
--- when settling). Returns -1 when the owner holds nothing here under that token, -2 when
+-- absent or '' for "the owner's grant") and ARGV[4] (absent or '' for a release; the expected
+-- count when settling). Returns -1 when the owner holds nothing here under that token, -2 when
 -- settling finds another count, the remaining count after releasing a re-entered hold; falls
 -- through when the owner's last hold is to go.
 --
@@ -23,7 +23,7 @@ do
   if ARGV[3] and ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '@FENCE@') ~= ARGV[3] then
     return -1
   end
-  if ARGV[4] and count ~= ARGV[4] then
+  if ARGV[4] and ARGV[4] ~= '' and count ~= ARGV[4] then
     return -2
   end
   if count ~= '1' then
