@@ -46,9 +46,10 @@ impl Cli {
 /// What to do.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Show one lock: its kind (lock, fair, rwlock), holders and hold counts (a read/write
-    /// lock's mode, writer and readers with their tokens and leases), lease left, fencing token
-    /// and queue. A semaphore: its permits total, taken and available, each holder's permits,
+    /// Show one lock: its kind (lock, rwlock: a plain and a fair lock share one layout, so
+    /// both show as lock), holders and hold counts (a read/write lock's mode, writer and
+    /// readers with their tokens and leases), lease left, fencing token and the line of
+    /// waiters in arrival order. A semaphore: its permits total, taken and available, each holder's permits,
     /// token and lease, and its waiters with the permits each wants. A latch: its count.
     Inspect {
         /// The lock name, as given to `client.lock(NAME)` (or `semaphore`, `latch`).
@@ -82,7 +83,8 @@ pub enum Command {
         #[arg(long)]
         once: bool,
     },
-    /// Release a lock whoever holds it, and wake its waiters. A semaphore or a latch is
+    /// Release a lock whoever holds it: as a release does, it grants the lock to the first
+    /// live waiter in line (a read/write lock's head is served). A semaphore or a latch is
     /// refused: it is not a lock.
     Unlock {
         /// Required: this removes someone else's hold. The holder only notices at its next

@@ -1,11 +1,15 @@
 //! `leasehold inspect NAME`: one lock, semaphore or count-down latch as Redis holds it right
 //! now.
 //!
-//! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, PUBSUB NUMSUB, ZRANGE
-//! of the turn queue, the waiters, their deadlines and a read/write lock's or a semaphore's
-//! leases, HGETALL of the permits a semaphore's waiters want, and TIME for the server's clock
-//! those deadlines are in); on a Redis Cluster, PUBSUB NUMSUB is asked of every primary (a
-//! client subscribes on one of them). It is a snapshot, not a transaction: a lock
+//! Everything is read in one pipelined round trip (TYPE, HGETALL, PTTL, PUBSUB NUMSUB of the
+//! release channel, ZRANGE of the line of waiters, their deadlines and a read/write lock's or a
+//! semaphore's leases, HGETALL of the permits a semaphore's waiters want, and TIME for the
+//! server's clock those deadlines are in); on a Redis Cluster, PUBSUB NUMSUB is asked of every
+//! primary (a client subscribes on one of them).
+//!
+//! A plain and a fair lock share one layout (a release grants the lock to the head of the
+//! line, `P:{N}:waiters`): nothing in Redis tells them apart, so both show as kind `lock`, with
+//! their waiters in arrival order. It is a snapshot, not a transaction: a lock
 //! released between two of those replies shows up half-gone, which an operator tool can live
 //! with (run it again) and which keeps it free of scripts that would need their own ACL
 //! permissions. A zset read that is refused (a key of another type, or the ACL denies it)
@@ -41,9 +45,9 @@ pub struct LockState {
     /// or `foreign:<type>` for a key that is not a leasehold lock (another type, or a hash
     /// whose values are not what a lock keeps).
     pub kind: String,
-    /// Which lock: `lock` (plain; also a fair lock nobody waits for, which looks the same),
-    /// `fair` (a fair lock with waiters) or `rwlock` (a read/write lock); `semaphore` or
-    /// `latch` for those; `null` when `kind` is `none` or `foreign:...`.
+    /// Which lock: `lock` (a plain or a fair lock: they share one layout, which cannot tell
+    /// them apart) or `rwlock` (a read/write lock); `semaphore` or `latch` for those; `null`
+    /// when `kind` is `none` or `foreign:...`.
     pub lock_kind: Option<Kind>,
     /// A read/write lock's mode, `read` or `write`; `null` for other kinds, and for a
     /// read/write lock reserved for a waiting writer's turn (no holds).
@@ -61,16 +65,21 @@ pub struct LockState {
     /// The fencing token of the current grant (the hash's `~fence` field: a read/write lock's
     /// writer's); `null` when free or only read-held (each reader has its own token).
     pub fence: Option<u64>,
-    /// Connections subscribed to the release channel: one per waiting client process, not per
-    /// waiting task (a client shares one subscription among its waiters); a latch's waiters
-    /// too. A fair or read/write lock's and a semaphore's waiters listen on channels of their
-    /// own instead (see `queue`).
+    /// Who waits: the entries of the line (`queue`: a plain lock's waiting clients, a fair or
+    /// read/write lock's or a semaphore's waiting owners, each of which hears on a channel of
+    /// its own, `P:{N}:released:<client uuid or owner id>`), plus the connections subscribed
+    /// to the release channel `P:{N}:released` itself: a latch's waiting clients (one per
+    /// client process, however many of its tasks wait), and a RedLock's.
     pub waiters: u64,
-    /// A fair or read/write lock's or a semaphore's waiters in the order they are served
-    /// (`P:{N}:waiters`).
+    /// The line of waiters in the order they are served (`P:{N}:waiters`): a plain lock's one
+    /// entry per waiting client (its first waiting task's owner id), a fair lock's one per
+    /// waiting owner (the two look the same), a read/write lock's and a semaphore's one per
+    /// waiting owner.
     pub queue: Vec<Waiter>,
-    /// A plain lock's clients queued for a turn, in turn order (`P:{N}:queue`: client ids, one
-    /// per client however many of its tasks wait).
+    /// A lock's (plain or fair) clients with waiters in the line, in line order: the distinct
+    /// client uuids of the line's entries (the part of each owner id before `:`), one per
+    /// client however many of its tasks wait. Empty for a read/write lock and a semaphore
+    /// (see `queue`).
     pub queued_clients: Vec<String>,
     /// A semaphore's number of permits (`~permits`; 0 when never set, negative after more
     /// were taken away than there were); `null` for other kinds.
@@ -125,10 +134,6 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         .pubsub_numsub(keys.released())
         .await
         .map_err(redis_error)?;
-    let _: () = pipeline
-        .zrange(keys.queue(), 0, -1, None, false, None, false)
-        .await
-        .map_err(redis_error)?;
     for zset in [&waiters_key, &until_key, &leases_key] {
         let _: () = pipeline
             .zrange(zset.as_str(), 0, -1, None, false, None, true)
@@ -159,14 +164,14 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         .ok()
         .and_then(|v| v.convert::<HashMap<String, String>>().ok());
     let pttl = next().map_err(redis_error)?.as_i64().unwrap_or(-2);
-    let mut waiters = next().ok().map_or(0, |v| numsub_count(&v));
+    // Subscribers of the release channel: a latch's waiters (a lock's hear on their own).
+    let mut subscribed = next().ok().map_or(0, |v| numsub_count(&v));
     if redis.is_clustered() {
         // PUBSUB NUMSUB counts the subscribers of the node asked, and clients subscribe on
         // the node of their own id's slot (fred): count on every primary.
-        waiters = cluster_numsub(redis, keys.released()).await?;
+        subscribed = cluster_numsub(redis, keys.released()).await?;
     }
     // A foreign key where a zset belongs reads as empty.
-    let queued_clients = next().ok().map_or_else(Vec::new, |v| layout::members(&v));
     let mut zset = || next().ok().map_or_else(Vec::new, |v| layout::scored(&v));
     let (line, until, leases) = (zset(), zset(), zset());
     // A semaphore's waiters' wants; a foreign key, or values that are not counts, read as none.
@@ -213,8 +218,14 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         .map(|r| r.kind)
         .or((!wanted.is_empty()).then_some(Kind::Semaphore))
         .or(queued_kind)
-        .unwrap_or(Kind::Fair);
+        .unwrap_or(Kind::Lock);
     let queue = layout::queue(queue_kind, &line, &until, &wanted, now_us);
+    let queued_clients = if queue_kind == Kind::Lock {
+        clients_in_line(&queue)
+    } else {
+        Vec::new()
+    };
+    let waiters = queue.len() as u64 + subscribed;
     let permits = reading.as_ref().and_then(|r| r.permits);
     let count = reading.as_ref().and_then(|r| r.count);
     Ok(LockState {
@@ -235,6 +246,19 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         permits_available: permits.map(Permits::available),
         count,
     })
+}
+
+/// The distinct clients of a lock's line, in line order: each entry's client uuid (the part of
+/// its owner id before `:`).
+fn clients_in_line(queue: &[Waiter]) -> Vec<String> {
+    let mut clients: Vec<String> = Vec::new();
+    for waiter in queue {
+        let client = waiter.owner.split(':').next().unwrap_or_default();
+        if !clients.iter().any(|c| c == client) {
+            clients.push(client.to_string());
+        }
+    }
+    clients
 }
 
 /// Subscribers of `channel` on every primary of a cluster (those fred is connected to): plain
@@ -300,11 +324,13 @@ pub fn describe(state: &LockState) -> String {
                 .to_string()
         }
         ("none", _) => "none (not locked)".to_string(),
-        ("reentrant", Some(Kind::Fair)) => {
-            "fair (reentrant; waiters are served in arrival order)".to_string()
-        }
         ("reentrant", Some(Kind::Rwlock)) => "rwlock (reentrant read/write lock)".to_string(),
-        ("reentrant", _) => "lock (reentrant)".to_string(),
+        // Plain or fair: one layout, the waiters served in arrival order alike.
+        ("reentrant", _) => {
+            "lock (reentrant; plain or fair, which look the same: waiters are served in arrival \
+             order)"
+                .to_string()
+        }
         (other, _) => format!("{other} (not a leasehold lock: left alone)"),
     };
     rows.push(vec!["kind".into(), kind]);
@@ -350,19 +376,7 @@ pub fn describe(state: &LockState) -> String {
     };
     rows.push(vec!["fence".into(), fence]);
     rows.extend(queue_rows(state));
-    rows.push(vec![
-        "waiters".into(),
-        format!(
-            "{} client{} subscribed to the release channel{}",
-            state.waiters,
-            plural(state.waiters as usize),
-            if state.queue.is_empty() {
-                ""
-            } else {
-                " (queued waiters listen on channels of their own)"
-            }
-        ),
-    ]);
+    rows.push(vec!["waiters".into(), waiters_text(state)]);
     render::table(&rows)
 }
 
@@ -428,6 +442,22 @@ fn describe_latch(state: &LockState) -> String {
     ])
 }
 
+/// The waiters row of a lock: `2 in line` (the queue above), and the connections subscribed to
+/// the release channel, if any (a lock's waiters in line hear on channels of their own).
+fn waiters_text(state: &LockState) -> String {
+    let in_line = state.queue.len() as u64;
+    let subscribed = state.waiters.saturating_sub(in_line);
+    let mut text = format!("{in_line} in line");
+    if subscribed > 0 {
+        text = format!(
+            "{}: {text}, {subscribed} client{} subscribed to the release channel",
+            state.waiters,
+            plural(subscribed as usize)
+        );
+    }
+    text
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 {
         ""
@@ -436,7 +466,7 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// A holder's row: `holder OWNER  hold count N` for a plain or fair lock (and a reservation);
+/// A holder's row: `holder OWNER  hold count N` for a lock, plain or fair (and a reservation);
 /// a read/write lock's writer and readers with their token and lease.
 fn holder_row(holder: &Holder) -> Vec<String> {
     let label = match holder.role {
@@ -468,8 +498,9 @@ fn life(ms: i64, after: &str) -> String {
     }
 }
 
-/// The queue: a fair or read/write lock's waiters in order (R/W for a read/write lock's), a
-/// semaphore's with the permits each wants, and a plain lock's clients queued for a turn.
+/// The queue: the line's waiters in order, a lock's (plain or fair: a plain lock's entry is its
+/// waiting client's first waiting task), a read/write lock's (R/W for what each wants), a
+/// semaphore's with the permits each wants.
 fn queue_rows(state: &LockState) -> Vec<Vec<String>> {
     let mut lines = Vec::new();
     let owner = if state.lock_kind == Some(Kind::Semaphore) {
@@ -497,9 +528,6 @@ fn queue_rows(state: &LockState) -> Vec<Vec<String>> {
             waiter.owner,
             render::duration(Duration::from_millis(waiter.waiting_ms)),
         ));
-    }
-    for (i, client) in state.queued_clients.iter().enumerate() {
-        lines.push(format!("{}. client {client}", state.queue.len() + i + 1));
     }
     if lines.is_empty() {
         lines.push("empty".into());
@@ -603,14 +631,56 @@ mod tests {
                 permits: None,
             }],
         );
-        s.queued_clients = vec!["c1".into(), "c2".into()];
+        // A plain lock's line: one entry per waiting client (a fair lock's looks the same).
+        let waiter = |owner: &str, waiting_ms| Waiter {
+            owner: owner.into(),
+            wants: None,
+            waiting_ms,
+            entry_ms: Some(20_000),
+            permits: None,
+        };
+        s.queue = vec![waiter("c1:t4", 2_000), waiter("c2:t1", 1_000)];
+        s.queued_clients = clients_in_line(&s.queue);
+        s.waiters = 2;
+        assert_eq!(s.queued_clients, ["c1", "c2"]);
         let text = describe(&s);
         assert!(text.contains("holder   a:t1  hold count 2\n"), "{text}");
-        assert!(!text.contains("mode"), "{text}");
         assert!(
-            text.contains("queue    1. client c1\n         2. client c2\n"),
+            text.contains("kind     lock (reentrant; plain or fair"),
             "{text}"
         );
+        assert!(!text.contains("mode"), "{text}");
+        assert!(
+            text.contains(
+                "queue    1. c1:t4  waiting 2.0 s  entry 20.0 s left\n         \
+                 2. c2:t1  waiting 1.0 s  entry 20.0 s left\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("waiters  2 in line\n"), "{text}");
+        // Subscribers of the release channel (a RedLock's waiters) are counted apart.
+        s.waiters = 3;
+        let text = describe(&s);
+        assert!(
+            text.contains("waiters  3: 2 in line, 1 client subscribed to the release channel"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn clients_of_a_line() {
+        let waiter = |owner: &str| Waiter {
+            owner: owner.into(),
+            wants: None,
+            waiting_ms: 0,
+            entry_ms: None,
+            permits: None,
+        };
+        // A fair lock's line may hold several owners of one client: it is listed once, where
+        // its first entry stands.
+        let line = [waiter("b:o1"), waiter("a:o2"), waiter("b:o3"), waiter("c")];
+        assert_eq!(clients_in_line(&line), ["b", "a", "c"]);
+        assert!(clients_in_line(&[]).is_empty());
     }
 
     #[test]

@@ -1,45 +1,55 @@
 //! Reading the Redis layouts of the lock kinds, the semaphore and the latch: which kind a hash
-//! belongs to, its holders (a semaphore's permits, a latch's count), and the waiters' queue. Shared by `inspect`, `list` (and through it `watch`) and `unlock`.
+//! belongs to, its holders (a semaphore's permits, a latch's count), and the waiters' line.
+//! Shared by `inspect`, `list` (and through it `watch`) and `unlock`.
 //!
 //! For a lock named `N` under prefix `P` (see `leasehold_core::keys`):
 //!
-//! * a plain lock: hash `P:{N}` of owner id -> hold count and `~fence` -> the grant's token (or
-//!   `~turn:<client id>` alone while a release keeps it for a client's turn, or `~expiring`
-//!   after `unlock_after`), and `P:{N}:queue`, the clients with waiters in turn order;
-//! * a fair lock: the same hash (reservations are `~turn:<owner id>`), plus
-//!   `P:{N}:waiters` (owner id -> arrival, server microseconds) and `P:{N}:waiters:until`
-//!   (owner id -> the entry's deadline, server milliseconds) while someone waits. With nobody
-//!   waiting it cannot be told from a plain lock, and is shown as one;
+//! * a plain or a fair lock (they share one layout and one protocol: a release grants the
+//!   lock to the head of the line): hash `P:{N}` of owner id -> hold count and `~fence` -> the
+//!   grant's token, plus `~granted` -> `1` while the grant is one the line made (a release, a
+//!   waiter leaving or a force unlock granted the lock to the first live waiter, which wakes
+//!   holding it: its own try then takes the grant and drops the mark), or `~expiring` after
+//!   `unlock_after`. Its waiters are in `P:{N}:waiters` (owner id -> arrival, server
+//!   microseconds) and `P:{N}:waiters:until` (owner id -> the entry's deadline, server
+//!   milliseconds): one entry per waiting client for a plain lock (its first waiting task's
+//!   owner), one per waiting owner for a fair lock. Nothing in Redis tells the two apart, so
+//!   both are shown as kind `lock`, with their waiters in arrival order (`P:{N}:queue`, the
+//!   plain lock's former turn queue, is no longer written, and not read);
 //! * a read/write lock: hash `P:{N}` with `~mode` -> `r` or `w`; the writer's `~writer` ->
 //!   owner id, `<owner id>` -> write hold count and `~fence` -> its token; per reader
 //!   `~r:<owner id>` -> read hold count and `~rf:<owner id>` -> its token; or `~turn:<owner
 //!   id>` alone while reserved for a waiting writer. `P:{N}:leases` keeps each hold's deadline
 //!   (the writer's owner id, or `~r:<owner id>` -> server milliseconds). Its waiters are in
-//!   `P:{N}:waiters` as the fair lock's, scored arrival * 2 + 1 for a writer and arrival * 2
-//!   for a reader;
+//!   `P:{N}:waiters` as a lock's, scored arrival * 2 + 1 for a writer and arrival * 2 for a
+//!   reader;
 //! * a semaphore: hash `P:{N}` (no TTL) with `~permits` -> the number of permits and `~used`
 //!   -> the permits taken now; per acquisition (its id is an owner id) `~r:<id>` -> the permits
 //!   it holds and `~rf:<id>` -> its token. `P:{N}:leases` keeps each acquisition's deadline
 //!   (`~r:<id>` -> server milliseconds; an expired one returns its permits at the semaphore's
 //!   next call). Its waiters are in `P:{N}:waiters` (id -> arrival, server microseconds, as
-//!   the fair lock's) and `P:{N}:waiters:until`, and `P:{N}:wants` (a hash) keeps how many
+//!   a lock's) and `P:{N}:waiters:until`, and `P:{N}:wants` (a hash) keeps how many
 //!   permits each wants. The `~permits`/`~used` fields tell it from a read/write lock, which
 //!   has `~r:` fields and leases too (see `scripts/sem/common.lua`);
 //! * a count-down latch: hash `P:{N}` with `~latch` -> the count alone (no TTL; deleted at
 //!   zero). Its waiters subscribe to the release channel `P:{N}:released`.
+//!
+//! Waiters in a line hear on channels of their own: a plain lock's on `P:{N}:released:<client
+//! uuid>`, a fair lock's, a read/write lock's and a semaphore's on `P:{N}:released:<owner
+//! id>`. Only a latch's waiters (and RedLock's) subscribe to `P:{N}:released` itself.
 
 use std::collections::HashMap;
 
 use fred::types::Value;
 use leasehold_core::protocol::{
-    FENCE_FIELD, KIND_FIELD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX,
-    READ_FIELD_PREFIX, ROUND_FIELD, USED_FIELD, WRITER_FIELD,
+    FENCE_FIELD, GRANTED_FIELD, KIND_FIELD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD,
+    READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, ROUND_FIELD, USED_FIELD, WRITER_FIELD,
 };
 use serde::Serialize;
 
 /// Suffixes of a lock's auxiliary keys: `P:{N}` followed by one of these is not a lock hash.
 /// (`leasehold_core` refuses tagged names ending in them.) `:wants`, a semaphore's, is a hash:
-/// without this it would read as a lock held by the waiters.
+/// without this it would read as a lock held by the waiters. `:queue` is no longer written (a
+/// plain lock's waiters are in `:waiters` now), but names ending in it are still refused.
 pub const AUXILIARY_SUFFIXES: [&str; 7] = [
     ":fence",
     ":released",
@@ -55,10 +65,9 @@ pub const AUXILIARY_SUFFIXES: [&str; 7] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// A plain (reentrant, exclusive) lock; also a fair lock nobody waits for.
+    /// A plain or a fair (reentrant, exclusive) lock: the two share one layout, and their
+    /// waiters are served in arrival order alike.
     Lock,
-    /// A fair lock with waiters: they are served in arrival order.
-    Fair,
     /// A read/write lock.
     Rwlock,
     /// A semaphore: permits, not a lock (`unlock --force` refuses it).
@@ -72,16 +81,15 @@ impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Lock => "lock",
-            Kind::Fair => "fair",
             Kind::Rwlock => "rwlock",
             Kind::Semaphore => "semaphore",
             Kind::Latch => "latch",
         }
     }
 
-    /// Whether it is one of the locks (plain, fair, read/write), which `unlock --force` takes.
+    /// Whether it is one of the locks (plain or fair, read/write), which `unlock --force` takes.
     pub fn is_lock(self) -> bool {
-        matches!(self, Kind::Lock | Kind::Fair | Kind::Rwlock)
+        matches!(self, Kind::Lock | Kind::Rwlock)
     }
 }
 
@@ -174,22 +182,23 @@ pub struct HashReading {
     pub count: Option<u64>,
 }
 
-/// The kind that a lock's waiters queue (`P:{N}:waiters`) says, from its first entry's score;
-/// `None` when nobody waits. A read/write lock's scores are twice the arrival time (plus one for
-/// a writer): about twice the server time in microseconds, where a fair lock's are about once.
-/// `now_us` may be any clock near the server's.
+/// The kind that a lock's line of waiters (`P:{N}:waiters`) says, from its first entry's score:
+/// [`Kind::Rwlock`] or [`Kind::Lock`] (a plain or fair lock's, or a semaphore's, which its hash
+/// tells); `None` when nobody waits. A read/write lock's scores are twice the arrival time
+/// (plus one for a writer): about twice the server time in microseconds, where a lock's are
+/// about once. `now_us` may be any clock near the server's.
 pub fn kind_of_queue(head_score: Option<f64>, now_us: u64) -> Option<Kind> {
     let score = head_score?;
     // Halfway between the two: off only for a waiter that has waited for decades.
     Some(if score > now_us as f64 * 1.5 {
         Kind::Rwlock
     } else {
-        Kind::Fair
+        Kind::Lock
     })
 }
 
 /// Reads a lock hash: its kind (from its fields, its read/write lock's leases, or `queued`,
-/// what its waiters queue says), holders and token. `leases` maps `P:{N}:leases` members to the
+/// what its line of waiters says), holders and token. `leases` maps `P:{N}:leases` members to the
 /// lease left in milliseconds (empty when not read). `None` when the fields are not a leasehold
 /// lock's (a value that should be a count is not one), or a lock holds nothing at all. A
 /// semaphore (`~permits` or `~used`: it has `~r:` fields and leases like a read/write lock)
@@ -227,9 +236,7 @@ pub fn read_hash(
     let (mode, mut holders) = match kind {
         Kind::Rwlock => read_rw_fields(fields, fence, leases)?,
         // (Not reached: told by their fields above.)
-        Kind::Lock | Kind::Fair | Kind::Semaphore | Kind::Latch => {
-            (None, holders_of(fields, fence)?)
-        }
+        Kind::Lock | Kind::Semaphore | Kind::Latch => (None, holders_of(fields, fence)?),
     };
     if holders.is_empty() && mode.is_none() {
         return None;
@@ -334,14 +341,14 @@ fn count(field: &str, value: &str) -> Option<u64> {
 }
 
 /// The holders of a plain or fair lock hash, or `None` when a value is not a hold count (not
-/// our hash). `~fence` is the grant's token, not a holder. Other fields starting with `~` are
-/// reservations, not owners: `~turn:<id>` (the lock is kept for that client's or waiter's turn
-/// for a moment after a release) and `~expiring` (a run-once job's "hold at least" tail); they
+/// our hash). `~fence` is the grant's token and `~granted` marks a grant the line made (the
+/// owner beside it holds the lock): neither is a holder. Other fields starting with `~` are
+/// reservations, not owners, such as `~expiring` (a run-once job's "hold at least" tail); they
 /// are listed as they are.
 fn holders_of(fields: &HashMap<String, String>, fence: Option<u64>) -> Option<Vec<Holder>> {
     fields
         .iter()
-        .filter(|(field, _)| field.as_str() != FENCE_FIELD)
+        .filter(|(field, _)| ![FENCE_FIELD, GRANTED_FIELD].contains(&field.as_str()))
         .map(|(owner, value)| {
             Some(Holder {
                 owner: owner.clone(),
@@ -437,14 +444,6 @@ pub fn scored(value: &Value) -> Vec<(String, f64)> {
     }
 }
 
-/// The members of a `ZRANGE` reply without scores.
-pub fn members(value: &Value) -> Vec<String> {
-    match value {
-        Value::Array(items) => items.iter().filter_map(Value::as_string).collect(),
-        _ => Vec::new(),
-    }
-}
-
 /// The server time in a `TIME` reply (`[seconds, microseconds]`), in microseconds.
 pub fn time_us(value: &Value) -> Option<u64> {
     let Value::Array(parts) = value else {
@@ -463,13 +462,14 @@ pub fn local_time_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// One waiter in a fair or read/write lock's queue, or a semaphore's.
+/// One waiter in a lock's line (plain or fair), a read/write lock's, or a semaphore's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Waiter {
-    /// The waiting owner, `<client uuid>:<local id>` (a semaphore waiter's acquisition id).
+    /// The waiting owner, `<client uuid>:<local id>`: a plain lock's waiting client's first
+    /// waiting task's, a fair lock's waiting owner, a semaphore waiter's acquisition id.
     pub owner: String,
-    /// `read` or `write` for a read/write lock's waiter; `null` for a fair lock's and a
-    /// semaphore's.
+    /// `read` or `write` for a read/write lock's waiter; `null` for a plain or fair lock's and
+    /// a semaphore's.
     pub wants: Option<Mode>,
     /// How long it has waited, in milliseconds (since it queued, by the server's clock).
     pub waiting_ms: u64,
@@ -482,9 +482,9 @@ pub struct Waiter {
     pub permits: Option<u64>,
 }
 
-/// The queue of a fair or read/write lock or a semaphore in order, from its `:waiters` and
-/// `:waiters:until` zsets (and a semaphore's `:wants`, id -> permits), at server time
-/// `now_us`.
+/// The line of a lock (plain or fair), a read/write lock or a semaphore in order, from its
+/// `:waiters` and `:waiters:until` zsets (and a semaphore's `:wants`, id -> permits), at
+/// server time `now_us`.
 pub fn queue(
     kind: Kind,
     waiters: &[(String, f64)],
@@ -508,7 +508,7 @@ pub fn queue(
                         Mode::Read
                     }),
                 ),
-                Kind::Lock | Kind::Fair | Kind::Semaphore | Kind::Latch => (score_int, None),
+                Kind::Lock | Kind::Semaphore | Kind::Latch => (score_int, None),
             };
             let waiter = Waiter {
                 owner: owner.clone(),
@@ -557,9 +557,16 @@ mod tests {
                 permits: None,
             }]
         );
-        let turn = read_hash(&map(&[("~turn:c", "0")]), None, &HashMap::new()).unwrap();
-        assert_eq!(turn.holders[0].owner, "~turn:c");
-        assert_eq!(turn.holders[0].token, None);
+        // `unlock_after`'s tail: a reservation, listed as it is, with no token.
+        let tail = read_hash(
+            &map(&[("~expiring", "0"), ("~fence", "18")]),
+            None,
+            &HashMap::new(),
+        )
+        .unwrap();
+        assert_eq!(tail.holders.len(), 1);
+        assert_eq!(tail.holders[0].owner, "~expiring");
+        assert_eq!(tail.holders[0].token, None);
         assert_eq!(
             read_hash(&map(&[("field", "hello")]), None, &HashMap::new()),
             None
@@ -569,13 +576,44 @@ mod tests {
             None
         );
         assert_eq!(read_hash(&HashMap::new(), None, &HashMap::new()), None);
+        // A fair lock with waiters reads as a plain one: the same layout, the same line.
+        let now_us = 1_764_600_000_000_000;
+        let queued = kind_of_queue(Some(now_us as f64 - 5e6), now_us);
         let fair = read_hash(
             &map(&[("b:t1", "1"), ("~fence", "3")]),
-            Some(Kind::Fair),
+            queued,
             &HashMap::new(),
         )
         .unwrap();
-        assert_eq!(fair.kind, Kind::Fair);
+        assert_eq!(fair.kind, Kind::Lock);
+    }
+
+    #[test]
+    fn a_grant_the_line_made_lists_only_its_owner() {
+        // A release (or a force unlock) granted the lock to the first live waiter in place:
+        // `~granted` marks it until the waiter's own try takes the grant; it is no holder.
+        let fields = map(&[("w:t7", "1"), ("~fence", "21"), ("~granted", "1")]);
+        for queued in [None, Some(Kind::Lock)] {
+            let reading = read_hash(&fields, queued, &HashMap::new()).unwrap();
+            assert_eq!(reading.kind, Kind::Lock);
+            assert_eq!(reading.fence, Some(21));
+            assert_eq!(
+                reading.holders,
+                [Holder {
+                    owner: "w:t7".into(),
+                    hold_count: 1,
+                    role: None,
+                    token: Some(21),
+                    lease_ms: None,
+                    permits: None,
+                }]
+            );
+        }
+        // The mark alone holds nothing: not a lock.
+        assert_eq!(
+            read_hash(&map(&[("~granted", "1")]), None, &HashMap::new()),
+            None
+        );
     }
 
     #[test]
@@ -611,7 +649,7 @@ mod tests {
                 ("w:t1", 1, Some(Mode::Read), Some(41), Some(2_000)),
             ]
         );
-        // Reserved for a waiting writer: told apart from a fair lock by the queue's scores.
+        // Reserved for a waiting writer: told apart from a lock by its line's scores.
         let reserved = read_hash(
             &map(&[("~turn:w:t1", "0")]),
             Some(Kind::Rwlock),
@@ -639,7 +677,7 @@ mod tests {
         assert_eq!(kind_of_queue(None, now_us), None);
         assert_eq!(
             kind_of_queue(Some(now_us as f64 - 5e6), now_us),
-            Some(Kind::Fair)
+            Some(Kind::Lock)
         );
         assert_eq!(
             kind_of_queue(Some((2 * (now_us - 5_000_000) + 1) as f64), now_us),
@@ -660,7 +698,7 @@ mod tests {
         assert_eq!(q[1].entry_ms, None);
         assert_eq!(q[1].permits, None);
 
-        // A semaphore's: scored by arrival as a fair lock's, with the permits each wants.
+        // A semaphore's: scored by arrival as a lock's, with the permits each wants.
         let waiters = [
             ("s:o2".to_string(), (arrival + 1) as f64),
             ("s:o1".to_string(), arrival as f64),
@@ -678,8 +716,9 @@ mod tests {
                 ("s:o2", None, Some(1), 1_999)
             ]
         );
-        let q = queue(Kind::Fair, &waiters, &until, &wanted, now_us);
+        let q = queue(Kind::Lock, &waiters, &until, &wanted, now_us);
         assert_eq!(q[0].permits, None);
+        assert_eq!(q[0].wants, None);
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //!
 //! Keys are found with `SCAN MATCH PREFIX:* TYPE hash` (never `KEYS`, which blocks Redis for
 //! the whole keyspace), on every primary of a Redis Cluster; the fencing counter is a string,
-//! the queues and leases are zsets, a semaphore's `:wants` is skipped by its name, and other
-//! kinds of keys are skipped. The holders, lease and queue of each lock (a semaphore's
-//! permits, a latch's count) are then read with one pipelined round trip per batch.
+//! the lines of waiters and the leases are zsets, a semaphore's `:wants` is skipped by its
+//! name, and other kinds of keys are skipped. The holders, lease and line length of each lock
+//! (a semaphore's permits, a latch's count) are then read with one pipelined round trip per
+//! batch. A plain and a fair lock share one layout: both are listed as `lock`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -27,9 +28,9 @@ use crate::{glob, render};
 /// Keys asked for per SCAN page, and locks read per pipelined round trip.
 const BATCH: usize = 500;
 
-/// Replies read per lock: HGETALL and PTTL of the hash, ZCARD of the turn queue and of the
-/// waiters, and the first waiter (whose score tells a fair lock from a read/write lock).
-const READS_PER_LOCK: usize = 5;
+/// Replies read per lock: HGETALL and PTTL of the hash, ZCARD of the line of waiters, and the
+/// first waiter (whose score tells a lock's line from a read/write lock's).
+const READS_PER_LOCK: usize = 4;
 
 /// One held lock in the listing (or a semaphore or a latch: they are listed while they exist,
 /// whatever they hold).
@@ -45,17 +46,17 @@ pub struct ListedLock {
     /// Lease left in milliseconds; `null` when the key never expires (a semaphore's and a
     /// latch's never do).
     pub ttl_ms: Option<u64>,
-    /// `lock`, `fair`, `rwlock`, `semaphore` or `latch`, as in `inspect --json` (a fair lock
-    /// nobody waits for is a `lock`).
+    /// `lock`, `rwlock`, `semaphore` or `latch`, as in `inspect --json` (a plain and a fair
+    /// lock share one layout: both are a `lock`).
     pub lock_kind: Kind,
     /// A read/write lock's mode, `read` or `write`; `null` otherwise.
     pub mode: Option<Mode>,
     /// The current grant's fencing token (`~fence`; a read/write lock's writer's); `null`
     /// when only read-held or reserved.
     pub fence: Option<u64>,
-    /// Entries queued: a fair or read/write lock's or a semaphore's waiting owners
-    /// (`P:{N}:waiters`), a plain lock's clients with waiters (`P:{N}:queue`, one per client
-    /// however many tasks wait). A latch's waiters are not queued (see `inspect`): 0.
+    /// Entries in the line of waiters (`P:{N}:waiters`): a plain lock's waiting clients (one
+    /// entry per client however many of its tasks wait), a fair or read/write lock's or a
+    /// semaphore's waiting owners. A latch's waiters are not in a line (see `inspect`): 0.
     pub queued: u64,
     /// A semaphore's number of permits, as in `inspect --json`; `null` for other kinds.
     pub permits: Option<i64>,
@@ -129,10 +130,6 @@ pub async fn list(
             let _: () = pipeline.hgetall(key.as_str()).await.map_err(redis_error)?;
             let _: () = pipeline.pttl(key.as_str()).await.map_err(redis_error)?;
             let _: () = pipeline
-                .zcard(format!("{key}:queue"))
-                .await
-                .map_err(redis_error)?;
-            let _: () = pipeline
                 .zcard(waiters.as_str())
                 .await
                 .map_err(redis_error)?;
@@ -155,7 +152,7 @@ pub async fn list(
             });
         }
         for ((name, key), reads) in batch.iter().zip(replies.chunks(READS_PER_LOCK)) {
-            let [fields, pttl, queue, waiters, head] = reads else {
+            let [fields, pttl, waiters, head] = reads else {
                 continue;
             };
             // A foreign key where a zset belongs counts as empty.
@@ -184,7 +181,7 @@ pub async fn list(
                 lock_kind: reading.kind,
                 mode: reading.mode,
                 fence: reading.fence,
-                queued: zcard(queue).unwrap_or(0) + zcard(waiters).unwrap_or(0),
+                queued: zcard(waiters).unwrap_or(0),
                 permits: permits.map(|p| p.total),
                 permits_taken: permits.map(|p| p.taken),
                 permits_available: permits.map(Permits::available),
@@ -215,8 +212,8 @@ pub fn scan_keys(
 }
 
 /// The lock name whose hash is `key` under `prefix`, or `None` for a key that is not one:
-/// a fencing counter, a lock's own other keys (`P:{N}:queue`, `:waiters`, `:waiters:until`,
-/// `:leases`, a semaphore's `:wants`, ...), or a key no name maps to.
+/// a fencing counter, a lock's own other keys (`P:{N}:waiters`, `:waiters:until`, `:leases`,
+/// a semaphore's `:wants`, ...), or a key no name maps to.
 pub fn lock_name(prefix: &Prefix, key: &str) -> Option<String> {
     let rest = key.strip_prefix(prefix.as_str())?.strip_prefix(':')?;
     // `P:{N}` for a plain name; a name with its own hash tag is the key's rest as given.
@@ -323,7 +320,7 @@ pub fn mode_cell(lock: &ListedLock) -> String {
             lock.permits.unwrap_or(0)
         ),
         Kind::Latch => format!("count {}", lock.count.unwrap_or(0)),
-        Kind::Lock | Kind::Fair | Kind::Rwlock => lock.mode.map_or("-", Mode::as_str).to_string(),
+        Kind::Lock | Kind::Rwlock => lock.mode.map_or("-", Mode::as_str).to_string(),
     }
 }
 

@@ -6,6 +6,11 @@
 //! protect a store that checks them). So it asks for the lock name to be typed back, and
 //! without `--yes` it refuses outright when nobody is at a terminal to answer.
 //!
+//! As a release does, a force unlock grants the lock to the first live waiter in its line (a
+//! plain or fair lock's; a read/write lock's head is told, or reserved the lock for its turn):
+//! only that waiter is told, and it wakes holding the lock. The command reads the lock once
+//! more afterwards to say who holds it now.
+//!
 //! A semaphore or a count-down latch under the name is refused: neither is a lock, and
 //! removing one would drop every permit taken or release every waiter of the latch at once.
 //! `Semaphore::delete` and `Latch::count_down` are the ways to do that on purpose.
@@ -39,6 +44,10 @@ struct Outcome<'a> {
     released: bool,
     /// Who held it just before.
     holders: &'a [Holder],
+    /// Who holds it just after, read once more once it was removed: the first live waiter in
+    /// line, granted it as by a release (or whoever took it since); empty when free (or
+    /// nothing was removed); `null` when that read failed.
+    holders_now: Option<&'a [Holder]>,
 }
 
 /// Checks, before connecting, that the command can be confirmed at all.
@@ -116,12 +125,26 @@ pub async fn run(
         } else {
             lock.force_unlock().await?
         };
+    // Who holds it now: the removal is done, so a failed read only leaves that unsaid.
+    let after = if released {
+        inspect::fetch(client.redis(), lock.keys()).await.ok()
+    } else {
+        None
+    };
+    let holders_now = after.as_ref().map_or(&[][..], |now| {
+        if now.is_locked() {
+            &now.holders[..]
+        } else {
+            &[]
+        }
+    });
     if json {
         let outcome = Outcome {
             name,
             key: &state.key,
             released,
             holders: &state.holders,
+            holders_now: (after.is_some() || !released).then_some(holders_now),
         };
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else if released {
@@ -131,7 +154,31 @@ pub async fn run(
             .map(holder_text)
             .collect::<Vec<_>>()
             .join(", ");
-        println!("force-unlocked {name:?}: it was held by {holders}; its waiters were woken");
+        // The rule, not a claim about who got it: someone may have taken it since.
+        let rule = if state.lock_kind == Some(Kind::Rwlock) {
+            "a force unlock serves the head of the line, as a release does"
+        } else {
+            "a force unlock grants the lock to the first live waiter in line, as a release does"
+        };
+        let list = |holders: Vec<&Holder>| {
+            holders
+                .into_iter()
+                .map(holder_text)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (reserved, held): (Vec<&Holder>, Vec<&Holder>) =
+            holders_now.iter().partition(|h| h.owner.starts_with('~'));
+        let now = match after {
+            None => rule.to_string(),
+            Some(_) if holders_now.is_empty() => "it is free now".to_string(),
+            Some(_) if held.is_empty() => {
+                let fields: Vec<&str> = reserved.iter().map(|h| h.owner.as_str()).collect();
+                format!("it is now reserved ({}): {rule}", fields.join(", "))
+            }
+            Some(_) => format!("it is now held by {}: {rule}", list(held)),
+        };
+        println!("force-unlocked {name:?}: it was held by {holders}; {now}");
     } else {
         println!("{name:?} was not locked: nothing to do");
     }

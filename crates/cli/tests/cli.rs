@@ -2,8 +2,12 @@
 //! one on 6379, never `REDIS_URL`): inspect, list, unlock --force, error handling, and the
 //! demo end to end.
 //!
-//! Waits use deadlines and events (a subscriber count reaching 1, a waiter's lock future
-//! completing, a line printed), never a bare sleep.
+//! Waits use deadlines and events (a subscriber count reaching 1, a waiter's entry in the
+//! line, a waiter's lock future completing, a line printed), never a bare sleep.
+//!
+//! A lock's waiters are in the line `P:{N}:waiters` (a plain lock's one entry per waiting
+//! client, a fair lock's one per waiting owner) and hear on channels of their own: a plain
+//! lock's on `P:{N}:released:<client uuid>`, a fair lock's on `P:{N}:released:<owner id>`.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -103,6 +107,18 @@ async fn wait_for_zcard(client: &LockClient, key: &str, n: u64) {
     }
 }
 
+/// The channel a plain lock's waiters of `client` hear their grant on.
+fn client_channel(name: &str, client: &LockClient) -> String {
+    format!("leasehold:{{{name}}}:released:{}", client.id())
+}
+
+/// Waits until `client` waits for the plain lock `name`: subscribed to its own channel and in
+/// the line (its first try answered busy, a later one queued it).
+async fn wait_for_plain_waiter(observer: &LockClient, name: &str, client: &LockClient) {
+    wait_for_subscribers(observer, &client_channel(name, client), 1).await;
+    wait_for_zcard(observer, &format!("leasehold:{{{name}}}:waiters"), 1).await;
+}
+
 /// The row of `name` in a table (`list`, `watch --once`), split on whitespace.
 fn row<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
     text.lines()
@@ -124,9 +140,7 @@ async fn inspect_shows_holder_lease_fence_and_waiters() {
         let lock = waiter.lock("inventory:42").unwrap();
         tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
     };
-    wait_for_subscribers(&holder, lock.keys().released(), 1).await;
-    // The waiter's client queues for a turn once its first try was answered.
-    wait_for_zcard(&holder, lock.keys().queue(), 1).await;
+    wait_for_plain_waiter(&holder, "inventory:42", &waiter).await;
 
     let state = ok_json(&url, &["inspect", "inventory:42", "--json"]).await;
     assert_eq!(state["name"], "inventory:42");
@@ -144,30 +158,60 @@ async fn inspect_shows_holder_lease_fence_and_waiters() {
     let ttl = state["ttl_ms"].as_u64().expect("a TTL");
     assert!(ttl > 0 && ttl <= 30_000, "ttl {ttl}");
     assert_eq!(state["no_expiry"], false);
+    // One entry in the line, the waiting client's (its first waiting task's owner); nobody
+    // subscribes to the release channel itself (a lock's waiters hear on their own).
     assert_eq!(state["waiters"], 1);
-    assert_eq!(state["queue"], Json::Array(vec![]));
+    let queue = state["queue"].as_array().unwrap();
+    assert_eq!(queue.len(), 1, "{state}");
+    let entry = queue[0]["owner"].as_str().unwrap();
+    assert!(
+        entry.starts_with(&format!("{}:", waiter.id())),
+        "{entry} is not a task of the waiting client"
+    );
+    assert_eq!(queue[0]["wants"], Json::Null);
+    let life = queue[0]["entry_ms"].as_i64().expect("an entry deadline");
+    assert!(life > 0 && life <= 30_000, "entry {life}");
     assert_eq!(state["queued_clients"], serde_json::json!([waiter.id()]));
 
     let text = ok(&url, &["inspect", "inventory:42"]).await;
-    assert!(text.contains("lock (reentrant)"), "{text}");
+    assert!(text.contains("lock (reentrant; plain or fair"), "{text}");
     assert!(
         text.contains(&format!("{}  hold count 1\n", guard.owner().id())),
         "{text}"
     );
     assert!(text.contains(&guard.fencing_token().to_string()), "{text}");
     assert!(
-        text.contains(&format!("queue    1. client {}\n", waiter.id())),
+        text.contains(&format!("queue    1. {entry}  waiting ")),
         "{text}"
     );
-    assert!(text.contains("1 client subscribed"), "{text}");
+    assert!(text.contains("waiters  1 in line\n"), "{text}");
     assert!(!text.contains("mode"), "{text}");
 
+    // The release grants the lock to the waiter in place, with the `~granted` mark (kept while
+    // a waiter that heard its grant holds it; a try of its own would drop it): not a holder.
     guard.unlock().await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
         .expect("the waiter gets the lock")
         .unwrap()
         .unwrap();
+    let fields: std::collections::HashMap<String, String> =
+        holder.redis().hgetall(lock.keys().hash()).await.unwrap();
+    let owners: Vec<&str> = fields
+        .keys()
+        .map(String::as_str)
+        .filter(|f| !["~fence", "~granted"].contains(f))
+        .collect();
+    assert_eq!(owners, [next.owner().id()], "{fields:?}");
+    let state = ok_json(&url, &["inspect", "inventory:42", "--json"]).await;
+    let holders = state["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{state}");
+    assert_eq!(holders[0]["owner"], next.owner().id());
+    assert_eq!(holders[0]["token"], next.fencing_token().get());
+    assert_eq!(state["fence"], next.fencing_token().get());
+    assert_eq!(state["waiters"], 0);
+    assert_eq!(state["queue"], Json::Array(vec![]));
+    assert_eq!(state["queued_clients"], Json::Array(vec![]));
     next.unlock().await.unwrap();
 }
 
@@ -197,6 +241,63 @@ async fn inspect_reports_absent_and_foreign_keys() {
 
     let bad = leasehold(&url, &["inspect", "a}b"]).await;
     assert_clean_failure(&bad, "hash tag");
+}
+
+/// A grant the line made (a release or a force unlock granted the lock to the first live
+/// waiter, in place): the hash has the owner, `~fence` and `~granted`, and the commands show
+/// only the owner as the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_of_the_line_shows_only_its_owner() {
+    let redis = start_redis();
+    let url = redis.url();
+    let owner = "3f0c2a9e-0000-4000-8000-000000000001:t7";
+    redis
+        .command(&[
+            "HSET",
+            "leasehold:{handed}",
+            owner,
+            "1",
+            "~fence",
+            "21",
+            "~granted",
+            "1",
+        ])
+        .unwrap();
+    redis
+        .command(&["PEXPIRE", "leasehold:{handed}", "60000"])
+        .unwrap();
+
+    let state = ok_json(&url, &["inspect", "handed", "--json"]).await;
+    assert_eq!(state["kind"], "reentrant", "{state}");
+    assert_eq!(state["lock_kind"], "lock");
+    assert_eq!(
+        state["holders"],
+        serde_json::json!([{
+            "owner": owner,
+            "hold_count": 1,
+            "role": null,
+            "token": 21,
+            "lease_ms": null,
+            "permits": null,
+        }])
+    );
+    assert_eq!(state["fence"], 21);
+    let text = ok(&url, &["inspect", "handed"]).await;
+    assert!(
+        text.contains(&format!("holder   {owner}  hold count 1\n")),
+        "{text}"
+    );
+    assert!(!text.contains("~granted"), "{text}");
+
+    let listed = ok_json(&url, &["list", "--json"]).await;
+    assert_eq!(listed["locks"][0]["holders"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["locks"][0]["holders"][0]["owner"], owner);
+    let frame = ok(&url, &["watch", "--once"]).await;
+    assert_eq!(
+        row(&frame, "handed")[1..5],
+        ["lock", "-", owner, "1"],
+        "{frame}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,18 +404,34 @@ async fn unlock_force_yes_releases_and_wakes_the_waiter() {
         let lock = waiter.lock("stuck").unwrap();
         tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
     };
-    wait_for_subscribers(&holder, lock.keys().released(), 1).await;
+    wait_for_plain_waiter(&holder, "stuck", &waiter).await;
+    let entry: Vec<String> = holder
+        .redis()
+        .zrange("leasehold:{stuck}:waiters", 0, -1, None, false, None, false)
+        .await
+        .unwrap();
 
     let text = ok(&url, &["unlock", "--force", "--yes", "stuck"]).await;
     assert!(text.contains("force-unlocked"), "{text}");
     assert!(text.contains(guard.owner().id()), "{text}");
-    // The release message wakes the waiter: it holds the lock long before its 30 s lease
-    // polling would have let it try again.
+    // As a release does, the force unlock granted the lock to the waiter in line, in place
+    // (the command read it once more to say so).
+    assert!(
+        text.contains(&format!(
+            "it is now held by {} (hold count 1): a force unlock grants the lock to the first \
+             live waiter in line",
+            entry[0]
+        )),
+        "{text}"
+    );
+    // Told on its client's channel, the waiter holds the lock long before its 30 s lease
+    // bound would have let it try again.
     let next = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
-        .expect("the waiter was woken by the force unlock")
+        .expect("the waiter was granted the lock by the force unlock")
         .unwrap()
         .unwrap();
+    assert_eq!(next.owner().id(), entry[0]);
     assert!(next.fencing_token() > guard.fencing_token());
     next.unlock().await.unwrap();
     drop(guard);
@@ -325,12 +442,28 @@ async fn unlock_force_yes_releases_and_wakes_the_waiter() {
         .await
         .contains("not locked"));
 
+    assert_eq!(absent["holders_now"], Json::Array(vec![]));
+
+    // Nobody waits: the lock is gone.
     let held = lock.lock().await.unwrap();
     let json = ok_json(&url, &["unlock", "--force", "--yes", "--json", "stuck"]).await;
     assert_eq!(json["released"], true);
     assert_eq!(json["holders"][0]["owner"], held.owner().id());
+    assert_eq!(json["holders_now"], Json::Array(vec![]));
     let exists: i64 = holder.redis().exists(lock.keys().hash()).await.unwrap();
     assert_eq!(exists, 0);
+    drop(held);
+    let other = waiter.lock("stuck").unwrap();
+    let again = other.lock().await.unwrap();
+    let text = ok(&url, &["unlock", "--force", "--yes", "stuck"]).await;
+    assert!(
+        text.starts_with(&format!(
+            "force-unlocked \"stuck\": it was held by {} (hold count 1); it is free now\n",
+            again.owner().id()
+        )),
+        "{text}"
+    );
+    drop(again);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -565,8 +698,8 @@ fn demo_uses_postgres_when_database_url_is_set() {
     );
 }
 
-/// `watch --once`: one frame with the holder, its hold count, the lease left, the clients
-/// queued for a turn and the grant's fencing token.
+/// `watch --once`: one frame with the holder, its hold count, the lease left, the entries in
+/// the line of waiters (a plain lock's: one per waiting client) and the grant's fencing token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_once_shows_holder_queue_and_token() {
     let redis = start_redis();
@@ -584,23 +717,8 @@ async fn watch_once_shows_holder_queue_and_token() {
             .unwrap();
         guard.map(|g| g.detach())
     });
-    // The waiter's client is queued once its first waiter's try was answered.
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    loop {
-        let queued: u64 = holder
-            .redis()
-            .zcard("leasehold:{job:nightly}:queue")
-            .await
-            .unwrap();
-        if queued == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the waiter's client never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The waiter's client is in the line once its first waiter's try was answered.
+    wait_for_plain_waiter(&holder, "job:nightly", &waiter).await;
 
     let text = ok(&url, &["watch", "--once"]).await;
     let row = text
@@ -634,9 +752,10 @@ async fn watch_once_shows_holder_queue_and_token() {
     assert_clean_failure(&bad, "--interval must be a positive number of seconds");
 }
 
-/// A fair lock with two waiters, built through the library: `inspect` shows kind `fair` and
-/// the queue in arrival order with each entry's life left; `list` and `watch` show the kind
-/// and the queue's length. With nobody waiting, a fair lock looks like a plain one.
+/// A fair lock with two waiters, built through the library: a fair lock and a plain lock share
+/// one layout, so `inspect` shows kind `lock`, with the line in arrival order (one entry per
+/// waiting owner) and each entry's life left; `list` and `watch` show the kind and the line's
+/// length.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_list_show_a_fair_lock_queue() {
     let redis = start_redis();
@@ -662,13 +781,20 @@ async fn inspect_and_list_show_a_fair_lock_queue() {
             let guard = lock.lock().await.unwrap();
             guard.unlock().await.unwrap();
         }));
-        // One after the other, so the arrival order is known.
+        // One after the other, so the arrival order is known; each hears its grant on its
+        // owner's channel.
         wait_for_zcard(&holder, &waiters_key, n).await;
+        wait_for_subscribers(
+            &holder,
+            &format!("leasehold:{{payouts}}:released:{}", owners[n as usize - 1]),
+            1,
+        )
+        .await;
     }
 
     let state = ok_json(&url, &["inspect", "payouts", "--json"]).await;
     assert_eq!(state["kind"], "reentrant");
-    assert_eq!(state["lock_kind"], "fair");
+    assert_eq!(state["lock_kind"], "lock");
     assert_eq!(state["mode"], Json::Null);
     assert_eq!(state["holders"][0]["owner"], guard.owner().id());
     assert_eq!(state["holders"][0]["token"], guard.fencing_token().get());
@@ -682,10 +808,16 @@ async fn inspect_and_list_show_a_fair_lock_queue() {
         assert!(entry > 0 && entry <= 30_000, "entry {entry}");
         assert!(waiter["waiting_ms"].as_u64().unwrap() < 30_000);
     }
-    assert_eq!(state["queued_clients"], Json::Array(vec![]));
+    // The line's clients, in line order (each waiting owner here has a client of its own).
+    let clients: Vec<&str> = clients.iter().map(LockClient::id).collect();
+    assert_eq!(state["queued_clients"], serde_json::json!(clients));
+    assert_eq!(state["waiters"], 2, "the line's entries: {state}");
 
     let text = ok(&url, &["inspect", "payouts"]).await;
-    assert!(text.contains("kind     fair"), "{text}");
+    assert!(
+        text.contains("kind     lock (reentrant; plain or fair"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("{}  hold count 1\n", guard.owner().id())),
         "{text}"
@@ -697,24 +829,25 @@ async fn inspect_and_list_show_a_fair_lock_queue() {
         );
     }
     assert!(text.contains(" s left"), "{text}");
+    assert!(text.contains("waiters  2 in line\n"), "{text}");
 
     let listed = ok_json(&url, &["list", "--json"]).await;
     let locks = listed["locks"].as_array().unwrap();
     assert_eq!(locks.len(), 1, "the waiters' zsets are not locks: {listed}");
     assert_eq!(locks[0]["name"], "payouts");
-    assert_eq!(locks[0]["lock_kind"], "fair");
+    assert_eq!(locks[0]["lock_kind"], "lock");
     assert_eq!(locks[0]["mode"], Json::Null);
     assert_eq!(locks[0]["queued"], 2);
     assert_eq!(locks[0]["fence"], guard.fencing_token().get());
     let text = ok(&url, &["list"]).await;
     let fields = row(&text, "payouts");
-    assert_eq!(fields[1..4], ["fair", "-", guard.owner().id()], "{text}");
+    assert_eq!(fields[1..4], ["lock", "-", guard.owner().id()], "{text}");
     assert_eq!(fields[5], "2", "queued: {text}");
     let frame = ok(&url, &["watch", "--once"]).await;
     let fields = row(&frame, "payouts");
     assert_eq!(
         fields[1..5],
-        ["fair", "-", guard.owner().id(), "1"],
+        ["lock", "-", guard.owner().id(), "1"],
         "{frame}"
     );
     let n = fields.len();
@@ -727,11 +860,12 @@ async fn inspect_and_list_show_a_fair_lock_queue() {
             .expect("every waiter gets the lock in turn")
             .unwrap();
     }
-    // Nobody waits: the fair lock's hash is a plain lock's.
+    // Nobody waits: the line is gone.
     let alone = lock.lock().await.unwrap();
     let state = ok_json(&url, &["inspect", "payouts", "--json"]).await;
     assert_eq!(state["lock_kind"], "lock");
     assert_eq!(state["queue"], Json::Array(vec![]));
+    assert_eq!(state["waiters"], 0);
     alone.unlock().await.unwrap();
 }
 

@@ -2,17 +2,18 @@
 //! Redis on 6379, never `REDIS_URL`): a Redis Cluster of 3 primaries with a replica each,
 //! reached with a `redis-cluster://` URL, and a primary with two replicas under three
 //! Sentinels, reached with a `redis-sentinel://` URL. The commands take the same URLs as the
-//! library; `list` must scan every primary and `inspect` must count the subscribers on every
-//! primary; a password in any URL form never shows in the binary's output.
+//! library; `list` must scan every primary and `inspect` must read each lock's line of waiters
+//! on the lock's own primary; a password in any URL form never shows in the binary's output.
 //!
-//! Waits use deadlines and events (a subscriber count reaching 1, a waiter's lock future
-//! completing, a line printed), never a bare sleep.
+//! Waits use deadlines and events (a subscriber count reaching 1, a waiter in a lock's line, a
+//! waiter's lock future completing, a line printed), never a bare sleep.
 
 use std::collections::BTreeSet;
 use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fred::interfaces::SortedSetsInterface;
 use leasehold::LockClient;
 use leasehold_testkit::{ChildProcess, RedisCluster, RespValue, SentinelSet};
 use serde_json::Value as Json;
@@ -143,8 +144,8 @@ async fn wait_for_subscribers(cluster: &Arc<RedisCluster>, channel: &str, n: i64
 
 /// `list`, `inspect`, `watch --once` and `unlock --force` through a `redis-cluster://` URL,
 /// with locks on all three primaries: `list` sees every one (SCAN on every primary), `inspect`
-/// shows the holder, token and the waiter subscribed on whichever primary, and the force
-/// unlock wakes that waiter.
+/// shows the holder, token and the waiter in the lock's line, and the force unlock grants the
+/// lock to that waiter (told on its client's channel, on the lock's primary).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_work_through_a_cluster_url() {
     let cluster = start_cluster().await;
@@ -174,7 +175,19 @@ async fn commands_work_through_a_cluster_url() {
         let lock = waiter.lock(&names[0]).unwrap();
         tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
     };
-    wait_for_subscribers(&cluster, locks[0].keys().released(), 1).await;
+    // A plain lock's waiter hears its grant on its client's channel, and is in the line.
+    let channel = format!("leasehold:{{{}}}:released:{}", names[0], waiter.id());
+    wait_for_subscribers(&cluster, &channel, 1).await;
+    let line = locks[0].keys().waiters();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let queued: u64 = holder.redis().zcard(line.as_str()).await.unwrap();
+        if queued == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{line} never had the waiter");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 
     // Every primary's locks are listed.
     let listing = ok_json(&url, &["list", "--json"]).await;
@@ -201,21 +214,36 @@ async fn commands_work_through_a_cluster_url() {
         assert_eq!(state["fence"], guard.fencing_token().get(), "{state}");
         let expected_waiters = u64::from(name == &names[0]);
         assert_eq!(state["waiters"], expected_waiters, "{name}: {state}");
+        let expected_clients = if name == &names[0] {
+            vec![waiter.id()]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(
+            state["queued_clients"],
+            serde_json::json!(expected_clients),
+            "{name}: {state}"
+        );
     }
     let frame = ok(&url, &["watch", "--once"]).await;
     for name in &names {
         assert!(frame.contains(name.as_str()), "{name} not watched: {frame}");
     }
 
-    // A force unlock on the first primary's lock wakes the waiter.
+    // A force unlock on the first primary's lock grants it to the waiter.
     let released = ok_json(&url, &["unlock", "--force", "--yes", "--json", &names[0]]).await;
     assert_eq!(released["released"], true, "{released}");
     let next = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
-        .expect("the waiter was woken by the force unlock")
+        .expect("the waiter was granted the lock by the force unlock")
         .unwrap()
         .unwrap();
     assert!(next.fencing_token() > guards[0].fencing_token());
+    assert_eq!(
+        released["holders_now"][0]["owner"],
+        next.owner().id(),
+        "{released}"
+    );
     next.unlock().await.unwrap();
     let mut guards = guards.into_iter();
     drop(guards.next());
