@@ -614,6 +614,25 @@ impl Attempt for LockAttempt<'_> {
     async fn attempt(&mut self, in_line: bool, budget: Duration) -> Result<Tried<Granted>> {
         let in_line = in_line || self.hold.keys.has_own_lines();
         let tried = self.try_once(in_line, budget, None).await;
+        if matches!(tried, Ok(Tried::Busy(None))) && !self.hold.keys.has_own_lines() {
+            // Busy without asking Redis: the owner's own hold (another future of the task, or
+            // a detached guard of it) keeps this acquire out. A plain lock's release tells
+            // nobody in this client (its channel is shared with other owners' waiters), so the
+            // end of that hold is waited for here, in the hold table, within the try's budget;
+            // the engine then looks again at once.
+            let prepared = self.client.holds.prepare(&self.hold);
+            let until = Some(Instant::now() + budget);
+            let ended = if prepared.detached && self.task_owned {
+                Box::pin(self.client.holds.until_attached(&self.hold, until)).await
+            } else if prepared.grant.is_some() {
+                Box::pin(self.client.holds.until_released(&self.hold, until)).await
+            } else {
+                false
+            };
+            if ended {
+                return Ok(Tried::Busy(Some(Duration::ZERO)));
+            }
+        }
         if in_line && self.entry.is_none() && matches!(tried, Ok(Tried::Busy(_))) {
             // The try queued the owner: from now on its entry must be renewed.
             self.entry = Some(self.client.holds.keep_waiting(&self.hold));

@@ -129,23 +129,18 @@ impl Release {
         }
     }
 
-    /// A release tells only the first waiter in Redis's line: the releasing owner's own waiting
-    /// futures (joined in its task, waiting in the client for this hold to end) are woken here,
-    /// on the channel they wait on (the client's for a plain lock, the owner's for the other
-    /// kinds). Nothing to do, and nothing built, when the client has no waiter at all.
+    /// A kind whose waiters each have a line of their own (fair, read/write, semaphore) tells
+    /// only the first waiter in Redis's line: the releasing owner's own waiting futures (joined
+    /// in its task) are woken here, in the client, on the owner's channel they wait on. (A plain
+    /// lock's waiters share the client's channel with other owners' waiters: one waiting for its
+    /// own owner's hold waits on the hold table instead, `LockAttempt::attempt`.)
     fn wake_own_line(&self) {
-        let notifier = &self.client.notifier;
-        if notifier.waiters() == 0 {
-            return;
-        }
         let keys = &self.hold.keys;
-        let mut channel = keys.waiter_channel_prefix();
         if keys.has_own_lines() {
+            let mut channel = keys.waiter_channel_prefix();
             channel.push_str(self.hold.owner.id());
-        } else {
-            channel.push_str(self.client.id.as_str());
+            self.client.notifier.wake(&channel);
         }
-        notifier.wake(&channel);
     }
 
     fn not_held(&self) -> LockError {
