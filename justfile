@@ -181,7 +181,7 @@ chaos *ARGS: setup
 # The model checker of the waiting protocol over the shipped scripts, on a larger bound than
 # `just test`'s (crates/model, docs/model.md): three clients, crashes, lost messages, cancels,
 # force unlock, data loss and a renewal (~5 min, 2 GB). Exit 1 with a counterexample trace when
-# a property fails. Pass e.g. `--variant pre-f1-fix` to see a reverted fix caught, or other
+# a property fails. Pass e.g. `--variant leave-ignores-emptied-line` to see a reverted fix caught, or other
 # bounds (`--help`; a flag given again overrides the recipe's).
 model *ARGS:
     cargo run --quiet --release -p leasehold-model -- check --clients 3 --waiters 1 --cycles 1 --crashes 1 --losses 1 --cancels 1 --force-unlocks 1 --data-losses 1 --renewals 1 {{ARGS}}

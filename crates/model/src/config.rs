@@ -1,36 +1,52 @@
 //! What one check explores: how many clients and waiters, which faults and how many of each,
-//! the protocol's timing, and which code (shipped, or a fix reverted).
+//! the protocol's timing, and which code (shipped, a proposed fix, or a mutant).
 
 /// Which code the model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Variant {
     /// The shipped scripts and the shipped waiting engine.
     Shipped,
-    /// `acquire.lua` with the reserved-turn fix reverted (the shipped script tells a waiter that
-    /// finds the lock reserved for another client's turn the reservation's remaining time): such
-    /// a waiter is told its own lease instead (fixture `pre_f1_reserved_busy.lua`).
-    PreF1Fix,
     /// The waiting engine without the local FIFO (the shipped engine queues a client's waiters
-    /// locally, and one of them at a time talks to Redis): every waiter of a client talks to
-    /// Redis on its own, and a release message wakes all of them.
-    PreF2Fix,
-    /// Fair lock mutant (not a past bug): `fair/acquire.lua` grants a free lock to whoever
-    /// tries, even when others are first in line (its grant condition always true).
-    FairLineJumped,
-    /// Fair lock mutant (not a past bug): the hand-on never drops dead entries (their deadline
-    /// is never reached), so a dead waiter keeps being handed turns.
-    FairNoDeadSkip,
+    /// of the plain lock locally, and one of them at a time talks to Redis): every waiter of a
+    /// client talks to Redis on its own, and a message on the client's channel wakes all of
+    /// them.
+    NoLocalFifo,
+    /// The waiting engine taking a grant it heard without comparing its token with the
+    /// holder's token its last busy try returned: a grant message of an earlier wait of the
+    /// same owner passes for this wait's.
+    StaleGrantTaken,
+    /// `line/hand_on.lua` (inlined in release.lua, line/acquire.lua, line/leave.lua and
+    /// force_unlock.lua) without the dead-entry drop: no entry's deadline is ever that early,
+    /// so a dead head of the line is granted the lock.
+    HandOnNoDeadDrop,
+    /// `line/acquire.lua` that lets a waiter jump the line: a try that finds the lock free takes
+    /// it whoever is first in line (no hand-on to the line's head, the grant condition always
+    /// true).
+    LineJumped,
+    /// `line/leave.lua` with its first check as it first shipped (found by this model): it
+    /// returned at once unless both line keys were sorted sets, so a waiter whose grant took
+    /// the last entry out of the line (the line keys are gone) never passed that grant on.
+    LeaveIgnoresEmptiedLine,
+    /// `line/leave.lua` that forgets to pass on an untaken grant: a waiter that gives up after
+    /// the line granted it the lock (before it heard of it) only takes its entry out.
+    LeaveKeepsGrant,
+    /// `release.lua` that never grants the line's head: the last hold always deletes the lock
+    /// and publishes `*` on the release channel, which no waiter of the plain or fair lock
+    /// listens to.
+    ReleaseNoHandOn,
 }
 
 /// Which kind of lock the model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Kind {
-    /// The plain lock (`client.lock(name)`): `acquire.lua`, `release.lua`, a turn queue of
-    /// clients, each client's waiters in a local FIFO on the shared release channel.
+    /// The plain lock (`client.lock(name)`): `acquire.lua` for a waiter's first try,
+    /// `line/acquire.lua` (client channels) for its later ones, `release.lua`,
+    /// `line/leave.lua`; a client's waiters in a local FIFO whose head alone has an entry in
+    /// the line, and hears on its client's channel.
     Plain,
-    /// The fair lock (`client.fair_lock(name)`): `fair/acquire.lua`, `fair/release.lua`,
-    /// `fair/leave.lua`; every waiter has its own entry in the line (renewed by its client's
-    /// watchdog) and its own channel.
+    /// The fair lock (`client.fair_lock(name)`): `line/acquire.lua` (owner channels) for every
+    /// try, `release.lua`, `line/leave.lua`; every waiter has its own entry in the line
+    /// (renewed by its client's watchdog) and its own channel.
     Fair,
 }
 
@@ -43,10 +59,8 @@ pub struct Config {
     pub waiters: u8,
     /// Lock-and-unlock cycles per waiter.
     pub cycles: u8,
-    /// The lease in model milliseconds.
+    /// The lease in model milliseconds (also the watchdog lease and a line entry's life).
     pub lease_ms: u64,
-    /// The turn grace in model milliseconds (filled into the scripts).
-    pub grace_ms: u64,
     /// The model clock does not pass this instant.
     pub horizon_ms: u64,
     /// At most this many client crashes.
@@ -77,7 +91,6 @@ impl Config {
             waiters: 2,
             cycles: 1,
             lease_ms: 10,
-            grace_ms: 2,
             horizon_ms: 40,
             crashes: 1,
             losses: 1,

@@ -26,7 +26,7 @@ struct Bound {
     /// Which kind of lock: the plain lock, or the fair lock (`client.fair_lock`).
     #[arg(long, value_enum, default_value = "plain")]
     kind: Kind,
-    /// Which code to check.
+    /// Which code to check: the shipped code, or a mutant.
     #[arg(long, value_enum, default_value = "shipped")]
     variant: Variant,
     /// Clients (processes).
@@ -41,9 +41,6 @@ struct Bound {
     /// Lease, model milliseconds.
     #[arg(long, default_value_t = 10)]
     lease: u64,
-    /// Turn grace, model milliseconds.
-    #[arg(long, default_value_t = 2)]
-    grace: u64,
     /// The clock stops here.
     #[arg(long, default_value_t = 40)]
     horizon: u64,
@@ -83,7 +80,6 @@ fn main() {
         waiters: b.waiters,
         cycles: b.cycles,
         lease_ms: b.lease,
-        grace_ms: b.grace,
         horizon_ms: b.horizon,
         crashes: b.crashes,
         losses: b.losses,

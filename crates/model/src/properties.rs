@@ -4,9 +4,10 @@
 //! it fails. Some are judged by the step that breaks them ([`Broken`], recorded in the ghost
 //! state); the others by the state alone.
 
+use leasehold_core::protocol::{FENCE_FIELD, GRANTED_FIELD};
 use stateright::Property;
 
-use crate::model::{LockModel, FREE_LOCK_SLACK_MS};
+use crate::model::{parse_owner, LockModel, FREE_LOCK_SLACK_MS};
 use crate::redis::Data;
 use crate::state::{Broken, Msg, Phase, State};
 
@@ -16,22 +17,24 @@ pub mod names {
     pub const MUTUAL_EXCLUSION: &str = "mutual exclusion";
     /// Fencing tokens strictly increase, also across data loss.
     pub const FENCING: &str = "fencing tokens increase";
-    /// F1: no head sleeps on a lock that became free without a message, past the bound.
-    pub const NO_SLEEP_ON_FREE_LOCK: &str = "no waiter sleeps on a free lock (F1)";
-    /// F2: within a client, waiters get the lock in the order they asked.
-    pub const CLIENT_FIFO: &str = "FIFO within a client (F2)";
-    /// Between clients: a lock reserved for a client's turn goes to that client (the fair
-    /// lock: reserved for a waiter, to that waiter).
-    pub const TURN_ORDER: &str = "a reserved turn goes to its client";
+    /// No head sleeps on a free lock past the bound.
+    pub const NO_SLEEP_ON_FREE_LOCK: &str = "no waiter sleeps on a free lock";
+    /// Within a client, waiters of the plain lock get the lock in the order they asked.
+    pub const CLIENT_FIFO: &str = "FIFO within a client";
+    /// A grant the line makes goes to its earliest live arrival (every grant of the fair lock;
+    /// every grant of the plain lock but a first try's).
+    pub const ARRIVAL_ORDER: &str = "the line grants in arrival order";
+    /// A grant a waiter took from a message is its grant in Redis.
+    pub const HEARD_GRANT_HELD: &str = "a grant heard is held in Redis";
+    /// A live waiter never lets a grant of the line run out untaken.
+    pub const GRANT_TAKEN: &str = "a live waiter takes its grant";
+    /// A grant to a waiter that gave up passes on when it leaves; one to a dead waiter lasts no
+    /// longer than its entry would have.
+    pub const GRANT_PASSES_ON: &str = "a grant to a departed or dead waiter passes on";
     /// Fair lock: `try_lock` never takes a place in the line.
     pub const TRY_NEVER_QUEUES: &str = "try_lock never queues (fair)";
-    /// Fair lock: strict FIFO by arrival over every waiter of every client.
-    pub const ARRIVAL_ORDER: &str = "FIFO by arrival across clients (fair)";
-    /// Fair lock: a turn reserved for a dead waiter lasts no longer than its entry (one lease
-    /// after its last renewal); one reserved for a waiter that left passes on when it leaves.
-    pub const TURN_PASSES_ON: &str = "a dead or departed waiter's turn passes on (fair)";
-    /// F3: a guard whose grant ended never reports held again.
-    pub const LOST_STAYS_LOST: &str = "a lost guard stays lost (F3)";
+    /// A guard whose grant ended never reports held again.
+    pub const LOST_STAYS_LOST: &str = "a lost guard stays lost";
     /// Once every client is done or crashed, nothing stays in Redis but what expires.
     pub const NOTHING_LEFT: &str = "nothing left behind";
     /// Every script run answers without an error, and none would stop half-way in a migrating
@@ -52,17 +55,20 @@ pub fn all() -> Vec<Property<LockModel>> {
         Property::always(names::CLIENT_FIFO, |_, s: &State| {
             !matches!(s.ghost.broken, Some(Broken::ClientFifo { .. }))
         }),
-        Property::always(names::TURN_ORDER, |_, s: &State| {
-            !matches!(s.ghost.broken, Some(Broken::TurnTaken { .. }))
-        }),
         Property::always(names::ARRIVAL_ORDER, |_, s: &State| {
             !matches!(s.ghost.broken, Some(Broken::ArrivalOrder { .. }))
         }),
+        Property::always(names::HEARD_GRANT_HELD, |_, s: &State| {
+            !matches!(s.ghost.broken, Some(Broken::HeardNotHeld { .. }))
+        }),
+        Property::always(names::GRANT_TAKEN, |_, s: &State| {
+            !matches!(s.ghost.broken, Some(Broken::GrantLapsed { .. }))
+        }),
+        Property::always(names::GRANT_PASSES_ON, |m: &LockModel, s: &State| {
+            grant_passes_on(m, s)
+        }),
         Property::always(names::TRY_NEVER_QUEUES, |_, s: &State| {
             !matches!(s.ghost.broken, Some(Broken::TryQueued { .. }))
-        }),
-        Property::always(names::TURN_PASSES_ON, |m: &LockModel, s: &State| {
-            turn_passes_on(m, s)
         }),
         Property::always(names::LOST_STAYS_LOST, |_, s: &State| {
             !matches!(s.ghost.broken, Some(Broken::Revived { .. }))
@@ -96,30 +102,29 @@ fn mutual_exclusion(s: &State) -> bool {
 }
 
 /// The waiting engine's invariant (`src/wait.rs`): a head never sleeps past the moment the
-/// lock could have become free without telling it. When the lock lapsed silently (a hold or a
-/// reservation ran out, or the data was lost), every sleeping head must wake within
-/// [`FREE_LOCK_SLACK_MS`] of it: by its timer, a standby, or a wake-up already on its way.
+/// lock could have become free without telling it. However the lock became free (its last
+/// hold released with nobody in line, a hold or a grant ran out, force unlock, the data was
+/// lost), every sleeping head must wake within [`FREE_LOCK_SLACK_MS`] of it: by its timer, or
+/// a wake-up already on its way (a permit, a message on its channel, a resync).
 fn no_sleep_on_free_lock(m: &LockModel, s: &State) -> bool {
-    let Some(since) = s.ghost.free_silently_since else {
+    let Some(since) = s.ghost.free_since else {
         return true;
     };
     let bound = since + FREE_LOCK_SLACK_MS;
+    if m.config.horizon_ms < bound {
+        return true;
+    }
     s.clients.iter().filter(|c| c.alive).all(|c| {
-        let told = c
-            .inbox
-            .iter()
-            .any(|m| matches!(m, Msg::Free | Msg::Turn(_) | Msg::Resync));
-        let standby = c
-            .standby
-            .is_some_and(|(epoch, at)| epoch == c.epoch && at <= bound);
         c.waiters.iter().enumerate().all(|(i, w)| match w.phase {
-            Phase::Sleep { wake_at, .. } => {
-                // A fair lock's waiter is told only on its own channel.
-                let told = told
-                    || c.inbox
-                        .iter()
-                        .any(|m| *m == Msg::FreeFor(i as u8) || *m == Msg::Resync);
-                wake_at <= bound || w.permit || told || standby || m.config.horizon_ms < bound
+            Phase::Sleep { wake_at } => {
+                // A message wakes its channel's head: the client's channel's (the plain lock),
+                // or the waiter of its own channel (the fair lock).
+                let own = m.fair().then_some(i as u8);
+                let told = c
+                    .inbox
+                    .iter()
+                    .any(|msg| *msg == Msg::Resync || msg.channel() == Some(own));
+                wake_at <= bound || w.permit || told
             }
             _ => true,
         })
@@ -127,13 +132,15 @@ fn no_sleep_on_free_lock(m: &LockModel, s: &State) -> bool {
 }
 
 /// Once no client will do anything more (every waiter done, or its client crashed) and no
-/// background clean-up is pending, every key left but the fencing counter has a TTL: the
-/// lock, its reservation and the turn queue all go by themselves once the leases run out.
+/// background leave is pending, every key left but the fencing counter has a TTL: the lock
+/// and its line go by themselves once the leases run out.
 fn nothing_left(m: &LockModel, s: &State) -> bool {
-    let finished = s
-        .clients
-        .iter()
-        .all(|c| !c.alive || (!c.leaving && c.waiters.iter().all(|w| w.phase == Phase::Done)));
+    let finished = s.clients.iter().all(|c| {
+        !c.alive
+            || c.waiters
+                .iter()
+                .all(|w| w.phase == Phase::Done && !w.leaving)
+    });
     if !finished {
         return true;
     }
@@ -142,49 +149,43 @@ fn nothing_left(m: &LockModel, s: &State) -> bool {
     })
 }
 
-/// The fair lock's documented bound on a turn nobody takes (`docs/fair-lock.md`): when the
-/// lock is reserved (`~turn:<owner>` its only field) for an owner that no longer waits, the
-/// reservation lapses by that owner's entry deadline if it died (its client crashed, or its
-/// leave script never ran yet): one lease after its last renewal, or the turn grace after the
-/// reservation when that is later (`hand_on.lua`'s floor); and not at all if it left
-/// (its leave script ran: the turn passed on then). Sleepers must then wake within the slack
-/// of the lapse: "no waiter sleeps on a free lock" checks that.
-fn turn_passes_on(m: &LockModel, s: &State) -> bool {
-    if !m.fair() {
-        return true;
-    }
+/// `docs/fair-lock.md`'s bound on a grant nobody takes: while the lock is a grant of the line
+/// (`~granted`) to an owner that no longer waits for it and does not hold it, that owner
+/// either died (its client crashed, or its leave script has not run yet), and the grant lasts
+/// no longer than its entry would have held the line (the deadline its entry was last given),
+/// or it left (its leave script ran), and then the grant must have passed on: a grant to a
+/// waiter nobody is must not stay.
+fn grant_passes_on(m: &LockModel, s: &State) -> bool {
     let Some(entry) = s.redis.keys.get(m.hash_key()) else {
         return true;
     };
     let Data::Hash(h) = &entry.data else {
         return true;
     };
-    let Some(owner) = h.keys().find_map(|f| f.strip_prefix("~turn:")) else {
+    if !h.contains_key(GRANTED_FIELD) {
         return true;
-    };
-    let Some((c, w)) = owner
-        .strip_prefix('c')
-        .and_then(|r| r.split_once('w'))
-        .and_then(|(c, w)| Some((c.parse::<usize>().ok()?, w.parse::<usize>().ok()?)))
-    else {
+    }
+    let Some((c, w)) = m.holder(s).as_deref().and_then(parse_owner) else {
         return false;
     };
-    let client = &s.clients[c];
-    let waiter = &client.waiters[w];
-    let waiting = matches!(
-        waiter.phase,
-        Phase::Queued | Phase::Try | Phase::Subscribe | Phase::Sleep { .. }
-    );
-    if client.alive && waiting {
+    let client = &s.clients[c as usize];
+    let waiter = &client.waiters[w as usize];
+    // Taken: the grant is the owner's guard's (a crashed client's guard lasts its lease).
+    let holds = matches!(waiter.phase, Phase::Hold { token, .. }
+        if h.get(FENCE_FIELD) == Some(&token.to_string()));
+    if holds {
         return true;
     }
-    if client.alive && !waiter.leaving {
-        return false; // it left (or never waited): nothing will pass its turn on
+    if client.alive {
+        if waiter.phase.waiting() {
+            return true;
+        }
+        if !waiter.leaving {
+            return false; // it left: nothing will pass its grant on
+        }
     }
-    // A reservation lasts what is left of the head's entry, but at least the turn grace
-    // (`hand_on.lua`): one made just before the entry's deadline outlives it by the grace.
     match (entry.expires_at, waiter.entry_until) {
-        (Some(at), Some(until)) => at <= until + m.config.grace_ms,
+        (Some(at), Some(until)) => at <= until,
         _ => false,
     }
 }

@@ -15,6 +15,7 @@ use std::fmt;
 pub const COMMANDS: &[&str] = &[
     "DEL",
     "EXISTS",
+    "GET",
     "HDEL",
     "HEXISTS",
     "HGET",
@@ -402,6 +403,14 @@ impl Redis {
                     Reply::Status("OK".into())
                 })
             }
+            "GET" => {
+                need(1)?;
+                match self.live(&a[0], now).map(|e| &e.data) {
+                    None => Ok(Reply::Nil),
+                    Some(Data::Str(s)) => Ok(Reply::Bulk(s.clone())),
+                    Some(_) => Err(Reply::Error(WRONGTYPE.into())),
+                }
+            }
             "INCR" => {
                 need(1)?;
                 let entry = self.entry_mut(&a[0], now, Data::Str("0".into()))?;
@@ -434,9 +443,8 @@ impl Redis {
                         .collect(),
                 ))
             }
-            // A grant that takes over a reservation or replaces an orphan, and a fair lock's
-            // hand-on, replace a hash's fields in place (HKEYS, then HSET and HDEL); the
-            // reverted reserved-turn branch of acquire reads it too (the `PreF1Fix` variant).
+            // A grant that takes a grant of the line or replaces an orphan, and a hand-on to the
+            // line's head, replace a hash's fields in place (HKEYS, then HSET and HDEL).
             "HKEYS" => {
                 need(1)?;
                 Ok(Reply::Array(

@@ -5,20 +5,33 @@ use std::collections::VecDeque;
 
 use crate::redis::Redis;
 
-/// One release-channel message as a client receives it (`crates/pubsub`).
+/// One message on one of a client's channels, as its notifier receives it (`crates/pubsub`).
+/// `own` is the channel: `None` the client's own (`P:{N}:released:<client id>`, the plain
+/// lock's), `Some(w)` waiter `w`'s (`P:{N}:released:<owner id>`, the fair lock's).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Msg {
-    /// `*`: the lock is free.
-    Free,
-    /// A client id: the lock is reserved for that client's turn.
-    Turn(u8),
-    /// `-<ms>`: a queued client took its turn, with that lease.
-    Taken(u64),
-    /// A fair lock's `*` on one waiter's own channel (`P:{N}:released:<owner>`): the lock is
-    /// reserved for that waiter (its index in the client).
-    FreeFor(u8),
+    /// `*`: look again.
+    Look { own: Option<u8> },
+    /// `=<fence>:<lease ms>:<owner>`: the line granted the lock to that owner (a waiter of
+    /// this client), with that lease from the moment it ran.
+    Grant {
+        own: Option<u8>,
+        fence: u64,
+        lease: u64,
+        waiter: u8,
+    },
     /// Not a message: the subscriber lost messages (reconnect, lagged) and wakes every head.
     Resync,
+}
+
+impl Msg {
+    /// The channel it came on (`None` for a resync, which is every channel's).
+    pub fn channel(&self) -> Option<Option<u8>> {
+        match *self {
+            Msg::Look { own } | Msg::Grant { own, .. } => Some(own),
+            Msg::Resync => None,
+        }
+    }
 }
 
 /// Where a waiter is in the waiting engine (`src/wait.rs`), or in its guard's life.
@@ -28,17 +41,13 @@ pub enum Phase {
     Idle,
     /// In the local queue behind another waiter: waits to be promoted (`until_head`).
     Queued,
-    /// The head, about to try (as a waiter when the channel is subscribed).
+    /// The head, about to try: a plain try while the channel is not subscribed (the plain
+    /// lock), a try in line once it is (and every try of the fair lock).
     Try,
     /// The head, about to register interest (subscribe), then try at once.
     Subscribe,
-    /// The head, asleep until a wake-up, `wake_at`, or (`short`: the busy time was within the
-    /// grace) a second sleep on an announced lease; `since` is the epoch of its try.
-    Sleep {
-        wake_at: u64,
-        since: u32,
-        short: bool,
-    },
+    /// The head, asleep until a wake-up or `wake_at` (its last busy try's bound + 1 ms).
+    Sleep { wake_at: u64 },
     /// Holds a grant: its token, the end of its lease as the client computes it, the watchdog
     /// renewals left, and whether a renewal found it gone.
     Hold {
@@ -49,6 +58,16 @@ pub enum Phase {
     },
     /// Finished: every cycle done, or the wait cancelled, or its client crashed.
     Done,
+}
+
+impl Phase {
+    /// Whether the waiter is in a wait (`lock()` has not returned).
+    pub fn waiting(&self) -> bool {
+        matches!(
+            self,
+            Phase::Queued | Phase::Try | Phase::Subscribe | Phase::Sleep { .. }
+        )
+    }
 }
 
 /// One waiter (a task: one owner id).
@@ -62,13 +81,20 @@ pub struct Waiter {
     pub permit: bool,
     /// Fair lock: its own channel is subscribed (and stays so, as a lingering subscription).
     pub subscribed: bool,
-    /// Fair lock: the deadline its entry in the line was last given (by a queueing try or a
-    /// renewal, `now + lease`): a dead waiter holds the line no longer than this.
+    /// Fair lock: the latest grant its own channel heard (token, lease, waiter named).
+    pub granted: Option<(u64, u64, u8)>,
+    /// This wait's last busy try in line: the holder's token it returned and when it was sent.
+    /// A grant message with a larger token is for this wait (`LockAttempt::heard`).
+    pub line_try: Option<(u64, u64)>,
+    /// A try of this wait was answered busy in line: its owner has an entry in Redis.
+    pub entered: bool,
+    /// The deadline its entry in the line was last given (by a busy try in line or a renewal,
+    /// `now + lease`): a dead waiter holds the line, or a grant of it, no longer than this.
     pub entry_until: Option<u64>,
-    /// Fair lock: when its client's watchdog renews its entry next (every lease / 3 from its
-    /// first busy try until its wait ends).
+    /// When its client's watchdog renews its entry next (every lease / 3 from its first busy
+    /// try in line until its wait ends).
     pub renew_at: Option<u64>,
-    /// Fair lock: a cancelled wait's `fair/leave.lua`, sent in the background, not yet run.
+    /// A given-up wait's `line/leave.lua`, sent in the background, not yet run.
     pub leaving: bool,
 }
 
@@ -77,20 +103,14 @@ pub struct Waiter {
 pub struct Client {
     /// False once crashed.
     pub alive: bool,
-    /// The release channel is subscribed (as far as Redis is concerned).
+    /// Some channel of this client is subscribed; for the plain lock, the client's channel.
     pub subscribed: bool,
     /// Published, not yet delivered messages, in publish order.
     pub inbox: VecDeque<Msg>,
-    /// Messages received so far (`Place::epoch`).
-    pub epoch: u32,
-    /// The latest "taken" message: its epoch and until when that hold lasts at most.
-    pub taken: Option<(u32, u64)>,
-    /// A pending standby after another client's turn message: its epoch and when it fires.
-    pub standby: Option<(u32, u64)>,
+    /// Plain lock: the latest grant the client's channel heard (token, lease, waiter named).
+    pub granted: Option<(u64, u64, u8)>,
     /// The local FIFO of waiting waiters (indices), oldest first; its front is the head.
     pub queue: VecDeque<u8>,
-    /// A background ZREM of this client from the turn queue, sent by its last waiter's cancel.
-    pub leaving: bool,
     /// The waiters.
     pub waiters: Vec<Waiter>,
 }
@@ -115,13 +135,12 @@ pub struct Budget {
 /// Facts about the history that the properties need and Redis does not keep.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ghost {
-    /// The highest fencing token granted so far.
+    /// The highest fencing token a guard got so far.
     pub last_fence: u64,
     /// Tokens whose grant was ended by force unlock or data loss, not by its lease.
     pub revoked: Vec<u64>,
-    /// Since when the lock has been free without a message (a hold or a reservation lapsed,
-    /// or the data was lost).
-    pub free_silently_since: Option<u64>,
+    /// Since when the lock has been free (no lock hash), however it became so.
+    pub free_since: Option<u64>,
     /// The first violation a step itself detected (a property reads it).
     pub broken: Option<Broken>,
 }
@@ -129,19 +148,18 @@ pub struct Ghost {
 /// A violation seen while taking a step.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Broken {
-    /// A grant's token was not above every earlier one.
+    /// A guard's token was not above every earlier guard's.
     FenceRegressed { granted: u64, before: u64 },
     /// A waiter got the lock while an earlier waiter of its client still waited.
     ClientFifo { client: u8, waiter: u8, ahead: u8 },
-    /// A grant went to another client while the lock was reserved for one's turn.
-    TurnTaken { client: u8, reserved_for: String },
-    /// Fair lock: a waiter got the lock while a live waiter that arrived earlier (and kept its
-    /// arrival) still waited.
-    ArrivalOrder {
-        client: u8,
-        waiter: u8,
-        earlier: String,
-    },
+    /// A grant of the line went to an owner while a live waiter that arrived earlier (and kept
+    /// its arrival) still waited.
+    ArrivalOrder { granted: String, earlier: String },
+    /// A waiter took a grant it heard of that Redis does not hold for it (nor was it ended by
+    /// force unlock or data loss).
+    HeardNotHeld { client: u8, waiter: u8, token: u64 },
+    /// A grant the line made to a live waiter that still waited ran out before it took it.
+    GrantLapsed { client: u8, waiter: u8 },
     /// Fair lock: a `try_lock` left its owner in the line.
     TryQueued { client: u8, waiter: u8 },
     /// A renewal extended a grant that had ended (the guard reports held again).

@@ -50,12 +50,7 @@ fn redis_delta(before: &State, after: &State) -> String {
 
 fn phase(p: &Phase) -> String {
     match p {
-        Phase::Sleep { wake_at, short, .. } => {
-            format!(
-                "sleeps until {wake_at}{}",
-                if *short { " (short)" } else { "" }
-            )
-        }
+        Phase::Sleep { wake_at } => format!("sleeps until {wake_at}"),
         Phase::Hold {
             token, until, lost, ..
         } => format!(
@@ -78,10 +73,8 @@ fn actor(action: &Action) -> String {
         | Renew { client, waiter }
         | LeaveLine { client, waiter }
         | TryLock { client, waiter }
-        | Cancel { client, waiter } => format!("c{client}w{waiter}"),
-        Standby { client }
-        | Deliver { client }
-        | LeaveQueue { client }
+        | Cancel { client, waiter } => format!("c{client}:w{waiter}"),
+        Deliver { client }
         | RenewEntries { client }
         | Crash { client }
         | LoseMessages { client } => format!("c{client}"),
@@ -140,10 +133,8 @@ pub fn render(model: &LockModel, start: &State, actions: &[Action]) -> String {
         if !changes.is_empty() {
             let _ = write!(out, " => {}", changes.join(", "));
         }
-        if let (Some(since), None) = (
-            next.ghost.free_silently_since,
-            state.ghost.free_silently_since,
-        ) {
+        let lapsed = matches!(action, Action::Tick { .. } | Action::DataLoss);
+        if let (Some(since), None, true) = (next.ghost.free_since, state.ghost.free_since, lapsed) {
             let _ = write!(out, " [the lock lapsed free at {since}, unannounced]");
         }
         let failing: Vec<&str> = crate::properties::all()

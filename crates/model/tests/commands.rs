@@ -14,7 +14,7 @@ fn every_command_a_shipped_script_calls_is_implemented() {
     let mut scripts = every_shipped_script();
     assert_eq!(
         scripts.len(),
-        17,
+        16,
         "Scripts::all() changed: check this test still sees all"
     );
     scripts.extend(every_shipped_sharded_script());
@@ -43,24 +43,57 @@ fn the_extraction_sees_calls_and_pcalls() {
 
 #[test]
 fn the_model_runs_the_shipped_text() {
-    let shipped = leasehold_core::scripts::Scripts::new(leasehold_core::protocol::Protocol {
-        turn_grace: std::time::Duration::from_millis(2),
-        ..Default::default()
-    });
-    let model = ModelScripts::new(2, Variant::Shipped);
+    let shipped =
+        leasehold_core::scripts::Scripts::new(leasehold_core::protocol::Protocol::default());
+    let model = ModelScripts::new(Variant::Shipped);
     assert_eq!(model.acquire, shipped.acquire.lua());
     assert_eq!(model.release, shipped.release.lua());
     assert_eq!(model.renew, shipped.renew.lua());
     assert_eq!(model.force_unlock, shipped.force_unlock.lua());
-    assert_eq!(model.fair_acquire, shipped.fair_acquire.lua());
-    assert_eq!(model.fair_release, shipped.fair_release.lua());
-    assert_eq!(model.fair_leave, shipped.fair_leave.lua());
-    // The reverted variant differs from the shipped text only by the fixture's branch.
-    let reverted = ModelScripts::new(2, Variant::PreF1Fix);
-    assert_eq!(
-        reverted
-            .acquire
-            .replace(leasehold_model::scripts::PRE_F1_RESERVED_BUSY, ""),
-        model.acquire
-    );
+    assert_eq!(model.line_acquire, shipped.line_acquire.lua());
+    assert_eq!(model.line_leave, shipped.line_leave.lua());
+    // The hand-on is inlined in every script that grants the line's head.
+    for lua in [
+        &model.release,
+        &model.line_acquire,
+        &model.line_leave,
+        &model.force_unlock,
+    ] {
+        assert!(lua.contains(leasehold_model::scripts::DEAD_RANGE), "{lua}");
+    }
+}
+
+/// Every variant builds (its anchors are in the shipped text, or it panics), and a script
+/// mutant changes only the scripts it names.
+#[test]
+fn every_variant_changes_only_its_scripts() {
+    use clap::ValueEnum;
+    let shipped = ModelScripts::new(Variant::Shipped);
+    let texts = |m: &ModelScripts| {
+        [
+            m.acquire.clone(),
+            m.release.clone(),
+            m.renew.clone(),
+            m.force_unlock.clone(),
+            m.line_acquire.clone(),
+            m.line_leave.clone(),
+        ]
+    };
+    for &variant in Variant::value_variants() {
+        let changed: Vec<usize> = texts(&ModelScripts::new(variant))
+            .iter()
+            .zip(texts(&shipped))
+            .enumerate()
+            .filter(|(_, (a, b))| **a != *b)
+            .map(|(i, _)| i)
+            .collect();
+        let expected: &[usize] = match variant {
+            Variant::Shipped | Variant::NoLocalFifo | Variant::StaleGrantTaken => &[],
+            Variant::HandOnNoDeadDrop => &[1, 3, 4, 5],
+            Variant::LineJumped => &[4],
+            Variant::LeaveIgnoresEmptiedLine | Variant::LeaveKeepsGrant => &[5],
+            Variant::ReleaseNoHandOn => &[1],
+        };
+        assert_eq!(changed, expected, "{variant:?}");
+    }
 }

@@ -16,8 +16,10 @@
 --
 -- Replies 1 when a grant was passed on (or, with nobody to take it, the lock deleted), else 0.
 -- Keys of another type are left alone.
+-- (Absent line keys are fine: the release that granted this waiter may have emptied the line.)
 for i = 3, 4 do
-  if redis.call('TYPE', KEYS[i])['ok'] ~= 'zset' then
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'zset' and kind ~= 'none' then
     return 0
   end
 end
