@@ -687,8 +687,8 @@ fn line_keys(keys: &LockKeys) -> Vec<Key> {
         Key::from(keys.hash_str()),
         Key::from(keys.fence_str()),
         Key::from(keys.waiters_str()),
-        Key::from(keys.waiters_until()),
-        Key::from(keys.wants()),
+        Key::from(keys.waiters_until_str()),
+        Key::from(keys.wants_str()),
     ]
 }
 

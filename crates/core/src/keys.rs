@@ -110,15 +110,16 @@ impl fmt::Display for Prefix {
 #[derive(Clone, Debug)]
 pub struct LockKeys(Arc<KeyStrings>);
 
-/// One buffer, `name | hash | released | waiters | fence`, and where each part ends. Offsets
+/// One buffer, `name | hash | released | waiters | waiters:until | wants | fence`, and where
+/// each part ends (the line's keys are in every release: a release builds none of them). Offsets
 /// rather than five `Str`s (32 bytes each): a client may hold ten thousand locks, and a hold
 /// table entry, a guard and a handle all share this one allocation.
 #[derive(Debug)]
 struct KeyStrings {
     all: Str,
-    /// End offsets of the name, the hash, the channel and the line; the fence key runs to the
+    /// End offsets of the name, the hash, the channel and the line's keys; the fence key runs to the
     /// end. A name is at most 1 KiB and a prefix 256 bytes, so the buffer fits `u16` offsets.
-    ends: [u16; 4],
+    ends: [u16; 6],
     slot: u16,
     /// Which kind of lock these keys are for: its scripts differ.
     kind: LockKind,
@@ -178,7 +179,9 @@ const NAME: usize = 0;
 const HASH: usize = 1;
 const RELEASED: usize = 2;
 const WAITERS: usize = 3;
-const FENCE: usize = 4;
+const WAITERS_UNTIL: usize = 4;
+const WANTS: usize = 5;
+const FENCE: usize = 6;
 
 impl PartialEq for LockKeys {
     /// The same hash key and kind: a read/write lock's read and write holds of one owner are
@@ -256,11 +259,12 @@ impl LockKeys {
         // when a slice goes into a command.
         let prefix = prefix.as_str();
         let hash_len = prefix.len() + 1 + name.len() + if tagged { 0 } else { 2 };
-        let suffixes = [":released", ":waiters"];
+        let suffixes = [":released", ":waiters", ":waiters:until", ":wants"];
         let mut fence_tag = [0u8; 10];
         let fence_tag = slot::tag_text(slot, &mut fence_tag);
         let fence_len = prefix.len() + 2 + fence_tag.len() + ":fence".len() + 1;
-        let mut all = String::with_capacity(name.len() + 3 * hash_len + 15 + fence_len);
+        let suffixes_len: usize = suffixes.iter().map(|s| s.len()).sum();
+        let mut all = String::with_capacity(name.len() + 5 * hash_len + suffixes_len + fence_len);
         all.push_str(name);
         let push_hash = |all: &mut String| {
             all.push_str(prefix);
@@ -282,13 +286,15 @@ impl LockKeys {
         all.push_str(":{");
         all.push_str(fence_tag);
         all.push_str("}:fence");
-        let mut ends = [0u16; 4];
+        let mut ends = [0u16; 6];
         let mut at = 0;
         let parts = [
             name.len(),
             hash_len,
             hash_len + suffixes[0].len(),
             hash_len + suffixes[1].len(),
+            hash_len + suffixes[2].len(),
+            hash_len + suffixes[3].len(),
         ];
         for (end, len) in ends.iter_mut().zip(parts) {
             at += len;
@@ -349,7 +355,7 @@ impl LockKeys {
 
     /// `P:{N}:wants`: how many permits each of a semaphore's waiters wants.
     pub fn wants(&self) -> String {
-        format!("{}:wants", self.hash())
+        self.0.text(WANTS).to_string()
     }
 
     /// `P:{N}:leases`: a read/write lock's holds (or a semaphore's permits) and their
@@ -365,7 +371,7 @@ impl LockKeys {
 
     /// `P:{N}:waiters:until`: when each waiter's entry is dead unless renewed.
     pub fn waiters_until(&self) -> String {
-        format!("{}:waiters:until", self.hash())
+        self.0.text(WAITERS_UNTIL).to_string()
     }
 
     /// `P:{N}:released:`: a waiter hears its grant on this plus its client id (a plain lock)
@@ -415,6 +421,14 @@ impl LockKeys {
     pub(crate) fn waiters_str(&self) -> Str {
         self.0.str(WAITERS)
     }
+
+    pub(crate) fn waiters_until_str(&self) -> Str {
+        self.0.str(WAITERS_UNTIL)
+    }
+
+    pub(crate) fn wants_str(&self) -> Str {
+        self.0.str(WANTS)
+    }
 }
 
 /// Suffixes of a lock's own keys. A tagged name ending in one of them would collide with
@@ -453,6 +467,9 @@ mod tests {
         assert_eq!(crate::slot::key_slot(k.hash().as_bytes()), k.slot());
         assert_eq!(crate::slot::key_slot(k.fence().as_bytes()), k.slot());
         assert_eq!(crate::slot::key_slot(k.waiters().as_bytes()), k.slot());
+        assert_eq!(k.waiters(), "app:{report}:waiters");
+        assert_eq!(k.waiters_until(), "app:{report}:waiters:until");
+        assert_eq!(k.wants(), "app:{report}:wants");
         assert_eq!(crate::slot::key_slot(k.released().as_bytes()), k.slot());
         let tagged = LockKeys::new(&Prefix::new("app").unwrap(), "a{b}c").unwrap();
         assert_eq!(tagged.slot(), crate::slot::slot_of(b"b"));

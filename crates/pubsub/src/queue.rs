@@ -98,11 +98,6 @@ impl Place {
         }
     }
 
-    /// Whether other waiters of this client wait on the same lock.
-    pub fn has_company(&self) -> bool {
-        self.channel.queue.lock().cells.len() > 1
-    }
-
     /// The grant this channel last heard for `owner` (its token and its lease in ms), if its
     /// token is above `seen` (the holder's token when this waiter's last try in line ran: a
     /// token at most that old is a grant of an earlier wait).
