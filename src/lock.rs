@@ -893,7 +893,7 @@ impl LockAttempt<'_> {
             ReleaseKind::Now,
             produced,
             self.lease.duration(),
-            place,
+            commands::Undo::Acquire(place),
         );
     }
 }

@@ -161,7 +161,7 @@ impl Release {
             self.kind,
             holds_before,
             self.ends_within,
-            None,
+            commands::Undo::Release,
         );
     }
 }
@@ -170,9 +170,9 @@ impl Release {
 /// hands the last one to nobody, for `ReleaseKind::After`) if the owner's count is `expected`.
 /// Resent until Redis answers, or until `give_up_after`, when the hold has ended by itself.
 ///
-/// `place`: settling a waiter's try of a kind with a line of its own, where the waiter stood in
-/// line; a grant taken back puts it there again (a settle must not cost a live waiter its
-/// place).
+/// `undo` says what the unanswered command was ([`commands::Undo`]): an acquire's settle leaves
+/// a grant the line made meanwhile to the waiter, and puts a waiter whose grant it takes back
+/// where it stood in line (a settle must not cost a live waiter its place).
 pub(crate) fn settle(
     client: &Arc<ClientInner>,
     hold: &HoldId,
@@ -180,7 +180,7 @@ pub(crate) fn settle(
     kind: ReleaseKind,
     expected: u64,
     give_up_after: Duration,
-    place: Option<commands::Place>,
+    undo: commands::Undo,
 ) {
     let work = {
         let (client, hold) = (client.clone(), hold.clone());
@@ -195,7 +195,7 @@ pub(crate) fn settle(
                     token,
                     kind,
                     Some(expected),
-                    place,
+                    undo,
                 );
                 match client.call(client.command_timeout, settle).await {
                     Ok(outcome) => {

@@ -319,6 +319,57 @@ async fn a_waiter_whose_grant_reply_is_lost_keeps_its_place() {
     assert_eq!(order.served(), ["head", "behind"]);
 }
 
+/// A fair waiter's try whose reply is lost queues the waiter; a release then grants it the lock
+/// before the settle of that try reaches Redis. The grant is the line's, not the try's: the
+/// settle leaves it, the waiter takes it, and the waiter behind does not get in first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_the_line_made_outlives_the_settle_of_the_waiters_unanswered_try() {
+    let redis = server();
+    let name = "fair:line-grant-settled";
+    let holder = client(&redis.url()).await;
+    let lock = holder.fair_lock(name).unwrap();
+    let guard = lock.lock().await.unwrap();
+    let (proxy, slow) = common::slow_client(&redis).await;
+    let owner = slow.new_owner();
+    // Far past the slow client's command timeout: the try reaches Redis after it timed out,
+    // and its settle (sent on the same connection) only this long after the try.
+    proxy.set_latency(Duration::from_millis(1500));
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let lock = slow.fair_lock(name).unwrap().with_owner(owner.clone());
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    let waiters = lock.keys().waiters();
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client(&redis.url()).await;
+    let behind = order.spawn("behind", {
+        let lock = fast.fair_lock(name).unwrap();
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    guard.unlock().await.unwrap();
+    let hash = lock.keys().hash().to_string();
+    let granted = cmd(
+        &redis,
+        &[
+            "HMGET",
+            &hash,
+            owner.id(),
+            leasehold_core::protocol::GRANTED_FIELD,
+        ],
+    );
+    let one = leasehold_testkit::RespValue::Bulk(b"1".to_vec());
+    assert_eq!(
+        granted,
+        leasehold_testkit::RespValue::Array(vec![one.clone(), one]),
+        "the release granted the waiter in line"
+    );
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}
+
 /// A fair lock's hold extends like the plain lock's: its expiry in Redis and its deadline
 /// move, and another owner still finds it held.
 #[tokio::test]

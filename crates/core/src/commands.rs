@@ -80,6 +80,27 @@ pub struct Place {
     pub life: Lease,
 }
 
+/// What a settle of an unanswered command undoes, if that command ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Undo {
+    /// A release (or a plain call of the release script): the hold it was for.
+    Release,
+    /// An acquire: the grant it made. A grant the line made to the owner meanwhile (a release
+    /// handed the lock to this waiter) is not the acquire's doing and stays: the waiter, still
+    /// waiting, takes it, or hands it on when it leaves. `place` is where a waiter of a kind
+    /// with a line of its own stood: the grant taken back, it goes back there.
+    Acquire(Option<Place>),
+}
+
+impl Undo {
+    fn place(self) -> Option<Place> {
+        match self {
+            Undo::Release => None,
+            Undo::Acquire(place) => place,
+        }
+    }
+}
+
 /// The reply of the release and release-after scripts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Release {
@@ -515,12 +536,10 @@ pub async fn release<C: crate::connection::ScriptConnection>(
     kind: ReleaseKind,
     expected: Option<u64>,
 ) -> Result<Release> {
-    settle(client, scripts, hold, token, kind, expected, None).await
+    settle(client, scripts, hold, token, kind, expected, Undo::Release).await
 }
 
-/// As [`release`]; settling an unanswered try of a waiter of a kind with a line of its own,
-/// `place` is where it stood: the grant taken back, it goes back there (a settle must not cost
-/// a live waiter its place).
+/// As [`release`], saying what an unanswered command to settle was ([`Undo`]).
 pub async fn settle<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
@@ -528,7 +547,7 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
     token: Option<FencingToken>,
     kind: ReleaseKind,
     expected: Option<u64>,
-    place: Option<Place>,
+    undo: Undo,
 ) -> Result<Release> {
     let keys = &hold.keys;
     let reply: Value = match kind {
@@ -536,7 +555,7 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
         // lock's release, the hottest path after the acquire.
         ReleaseKind::Now if keys.kind() != LockKind::Plain => {
             Box::pin(release_of_kind(
-                client, scripts, hold, token, expected, place,
+                client, scripts, hold, token, expected, undo,
             ))
             .await
         }
@@ -549,7 +568,7 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
             scripts
                 .release
                 .call(client, || {
-                    let mut args = Vec::with_capacity(6);
+                    let mut args = Vec::with_capacity(8);
                     args.push(Value::from(hold.owner.id_str().clone()));
                     args.push(Value::from(keys.released_str()));
                     // The common release names no grant: two arguments (see the script).
@@ -558,9 +577,15 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
                     }
                     if let Some(expected) = expected {
                         args.push(Value::from(expected as i64));
-                        if let Some(place) = place {
-                            args.push(Value::from(place.score));
-                            args.push(Value::from(place.life.millis() as i64));
+                        if let Undo::Acquire(place) = undo {
+                            match place {
+                                Some(place) => {
+                                    args.push(Value::from(place.score));
+                                    args.push(Value::from(place.life.millis() as i64));
+                                }
+                                None => args.extend([word(""), word("")]),
+                            }
+                            args.extend([word(""), word("a")]);
                         }
                     }
                     (line_keys(keys).into(), Value::Array(args))
@@ -604,9 +629,10 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
     hold: &HoldId,
     token: Option<FencingToken>,
     expected: Option<u64>,
-    place: Option<Place>,
+    undo: Undo,
 ) -> std::result::Result<Value, fred::error::Error> {
     let keys = &hold.keys;
+    let place = undo.place();
     // A waiter's place, for a settle (keep_place.lua): its score and its entry's lifetime.
     let (score, life) = match place {
         Some(place) => (
@@ -671,6 +697,11 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                             score.clone(),
                             life.clone(),
                             word("o"),
+                            word(if matches!(undo, Undo::Acquire(_)) {
+                                "a"
+                            } else {
+                                ""
+                            }),
                         ]),
                     )
                 })

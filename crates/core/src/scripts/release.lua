@@ -19,6 +19,8 @@
 -- ARGV[6]  with ARGV[5]: its entry's lifetime in milliseconds
 -- ARGV[7]  'o' when waiters hear on their owner's channel (the fair lock); absent or '' on
 --          their client's (the plain lock)
+-- ARGV[8]  with ARGV[4]: 'a' when the command settled was an acquire (a waiter's try), ''
+--          for a release
 --
 -- Replies (a bare integer: no reply table to build on either side):
 --   remaining >= 0  one hold released; 0 means the last hold is gone: the first live waiter
@@ -27,7 +29,8 @@
 --                   there).
 --   -1              the owner holds nothing here under that token (wrong owner, expired, force
 --                   unlocked, double unlock, or a later grant); nothing changed.
---   -2              settling: the count differs, so there is nothing to undo; nothing changed.
+--   -2              settling: the count differs, or an acquire's settle finds a grant the line
+--                   made (not the acquire's doing), so there is nothing to undo; nothing changed.
 --   error 'WRONGTYPE 1 ...'  the lock key holds another type.
 --
 -- A lock's hash has one owner (besides its '@FENCE@' and '@GRANTED@'), so the last hold hands
