@@ -44,7 +44,8 @@
 //! red_lock           RedLock: one Lock handle per independent server, held by a quorum
 //! rw_lock            RwLock: two Lock handles on one name
 //! semaphore          Semaphore and Permit: a Lock handle whose every acquisition is a hold of
-//!                    its own id (sem/*.lua)
+//!                    its own id (sem/*.lua; a release grants the waiters at the head whose
+//!                    permits fit, as the lock's line grants its head)
 //! latch              Latch: a count-down latch waited on through the engine (latch/*.lua)
 //! schedule           run-once jobs on top of the lock
 //! ```

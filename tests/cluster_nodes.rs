@@ -990,6 +990,69 @@ async fn a_release_with_a_waiter_runs_whole_while_its_slot_migrates() {
     handed.unlock().await.unwrap();
 }
 
+/// `unlock_after` with a waiter in line while the lock's slot is migrating (its keys still at
+/// the source): the release-after script runs whole (the hash keeps its token field, so taking
+/// the owner's field out never empties a key the script then writes). The lock runs out after
+/// its tail and the waiter gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlock_after_with_a_waiter_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-release-after";
+    let lock = a.lock(name).unwrap();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    let guard = lock.try_lock().await.unwrap().expect("free");
+    let waiter = {
+        let lock = b.lock(name).unwrap();
+        tokio::spawn(async move {
+            lock.try_lock_for(Duration::from_secs(60))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        })
+    };
+    let line = lock.keys().waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || cluster
+            .node(from)
+            .command(&["EXISTS", &line])
+            .unwrap()
+            .as_int()
+            == Some(1))
+        .await,
+        "the waiter is in line"
+    );
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    let ended = guard.unlock_after(Duration::from_millis(500)).await;
+    let hash = lock.keys().hash().to_string();
+    let fields = cluster.node(from).command(&["HKEYS", &hash]).map_or_else(
+        |e| e.to_string(),
+        |v| {
+            let names: Vec<String> = v
+                .as_array()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|f| f.as_str())
+                .collect();
+            names.join(",")
+        },
+    );
+    eprintln!("unlock_after during the migration: {ended:?}; the lock's fields now {fields:?}");
+    ended.expect("the release-after ran whole");
+    assert!(
+        fields.contains("~expiring") || !fields.contains("~fence"),
+        "the lock runs out by itself (or has already, and the waiter took it): {fields:?}"
+    );
+    migration.finish().unwrap();
+    let handed = within(Duration::from_secs(20), "the lock after its tail", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter gets the lock");
+    handed.unlock().await.unwrap();
+}
+
 /// A fair lock's release with a waiter in line while the lock's slot is migrating (its keys
 /// still at the source): the release script runs whole and grants the lock to the waiter.
 ///
@@ -1593,6 +1656,52 @@ async fn a_semaphore_waiter_granted_with_permits_left_runs_whole_while_its_slot_
     migration.finish().unwrap();
     permit.release().await.unwrap();
     one.release().await.unwrap();
+}
+
+/// The release of a semaphore's only permit taken, with a waiter in line, while the slot is
+/// migrating: the release grants the waiter in the same script, and runs whole (the grant's
+/// lease is written before the released permit's goes, so the leases zset is never emptied and
+/// written again), and the waiter has its permit before the migration ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_release_granting_its_last_permit_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-semaphore-release";
+    let semaphore = a.semaphore(name).unwrap();
+    let keys = semaphore.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(semaphore.try_set_permits(1).await.unwrap());
+    let only = semaphore.acquire(1).await.unwrap();
+    let waiter = {
+        let semaphore = b.semaphore(name).unwrap();
+        tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_secs(60)).await })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    only.release().await.expect("the release ran whole");
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the waiter during the migration: {granted:?}; {stopped} script(s) stopped");
+    let permit = granted
+        .expect("granted during the migration")
+        .unwrap()
+        .unwrap()
+        .expect("a permit");
+    assert_eq!(stopped, 0, "the release and its grant ran whole");
+    migration.finish().unwrap();
+    permit.release().await.unwrap();
 }
 
 /// A semaphore's only waiter gives up (its `try_acquire_for` times out) while the semaphore's

@@ -755,3 +755,205 @@ async fn extending_a_permits_lease_moves_its_expiry_in_redis_and_locally() {
     assert!(!permit.is_held());
     assert_eq!(permit.lost_reason(), Some(leasehold::LostReason::Gone));
 }
+
+/// A release hands its permits to the waiters at the head and tells only them: eight clients
+/// wait for the semaphore's one permit, and each release grants the first of them with one
+/// message on that acquisition's own channel, which names it. A herd (a message every waiter
+/// hears) or a "look again" followed by a try fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_handoff_costs_one_message_to_one_waiter() {
+    use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+
+    let redis = server();
+    let name = "sem:one-message";
+    let watcher = fred::clients::SubscriberClient::new(
+        fred::types::config::Config::from_url(&redis.url()).unwrap(),
+        None,
+        None,
+        None,
+    );
+    watcher.init().await.unwrap();
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let mut messages = watcher.message_rx();
+    let collector = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Ok(message) = messages.recv().await {
+                let payload = message.value.as_string().unwrap_or_default();
+                seen.lock().push((message.channel.to_string(), payload));
+            }
+        })
+    };
+    watcher
+        .psubscribe(format!("leasehold:{{{name}}}:released*"))
+        .await
+        .unwrap();
+    let holder = client(&redis.url()).await;
+    let semaphore = holder.semaphore(name).unwrap();
+    semaphore.set_permits(1).await.unwrap();
+    let held = semaphore.acquire(1).await.unwrap();
+    let mut waiters = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let waiter = client(&redis.url()).await;
+        let semaphore = waiter.semaphore(name).unwrap();
+        tasks.push(tokio::spawn(async move {
+            let permit = semaphore.acquire(1).await.unwrap();
+            let id = permit.id().to_string();
+            permit.release().await.unwrap();
+            id
+        }));
+        waiters.push(waiter);
+    }
+    let line = format!("{}:waiters", semaphore.keys().hash());
+    until_queued(&redis, &line, 8).await;
+    held.release().await.unwrap();
+    let mut ids = Vec::new();
+    for task in tasks {
+        let id = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("every waiter is served")
+            .unwrap();
+        ids.push(id);
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || seen.lock().len() >= 8).await,
+        "{:#?}",
+        seen.lock()
+    );
+    let seen = seen.lock().clone();
+    collector.abort();
+    assert_eq!(seen.len(), 8, "one message per handoff: {seen:#?}");
+    let prefix = format!("leasehold:{{{name}}}:released:");
+    for id in &ids {
+        let channel = format!("{prefix}{id}");
+        let to_it: Vec<_> = seen.iter().filter(|(c, _)| *c == channel).collect();
+        assert_eq!(to_it.len(), 1, "one message to {channel}: {seen:#?}");
+        assert!(
+            to_it[0].1.starts_with('=') && to_it[0].1.ends_with(&format!(":{id}")),
+            "a grant to it: {to_it:?}"
+        );
+    }
+    assert_eq!(leftovers(&redis, name), Vec::<String>::new());
+}
+
+/// A waiter that gave up before it heard of the permits a release granted it hands them on
+/// when it leaves: the waiter behind gets them at once. One that crashed instead (no leave)
+/// keeps them no longer than its entry would have kept its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_granted_to_a_waiter_that_gave_up_pass_on() {
+    use leasehold_core::commands::{self, Acquire, AcquireMode};
+
+    let redis = server();
+    let holder = client(&redis.url()).await;
+    let other = client(&redis.url()).await;
+    let scripts = common::scripts();
+    for (name, crash) in [("sem:gave-up", false), ("sem:crashed", true)] {
+        let semaphore = holder.semaphore(name).unwrap();
+        semaphore.set_permits(2).await.unwrap();
+        let keys = semaphore.keys().clone();
+        let held = semaphore.acquire(2).await.unwrap();
+        // The first waiter is driven by hand (as the engine sends its tries), with an entry
+        // that lives 2 s unless renewed.
+        let gone = other.new_owner();
+        let life = leasehold::Lease::new(Duration::from_secs(2)).unwrap();
+        let mode = AcquireMode::Waiter {
+            entry_life: life,
+            non_reentrant: false,
+            fixed_lease: false,
+        };
+        let tried = commands::acquire_permits(other.redis(), &scripts, &keys, &gone, life, mode, 2)
+            .await
+            .unwrap();
+        assert!(matches!(tried, Acquire::Held { .. }), "{tried:?}");
+        let waiter = client(&redis.url()).await;
+        let behind = {
+            let semaphore = waiter.semaphore(name).unwrap();
+            tokio::spawn(async move {
+                semaphore
+                    .try_acquire_for(1, Duration::from_secs(20))
+                    .await
+                    .unwrap()
+            })
+        };
+        let line = format!("{}:waiters", keys.hash());
+        until_queued(&redis, &line, 2).await;
+        held.release().await.unwrap();
+        let hash = keys.hash().to_string();
+        let member = format!(
+            "{}{}",
+            leasehold_core::protocol::READ_FIELD_PREFIX,
+            gone.id()
+        );
+        assert_eq!(common::hget(&redis, &hash, &member), Some(2), "granted");
+        let ahead = common::zscore_ahead_ms(&redis, &keys.leases(), &member).expect("a lease");
+        assert!(
+            ahead > 0 && ahead <= 2_000,
+            "the grant lasts as long as the entry would have: {ahead} ms"
+        );
+        if !crash {
+            commands::leave_line(other.redis(), &scripts, &keys, &gone, None)
+                .await
+                .unwrap();
+            assert_eq!(
+                common::hget(&redis, &hash, &member),
+                None,
+                "the leave passed the grant on"
+            );
+        }
+        let got = behind.await.unwrap();
+        got.expect("the waiter behind gets a permit")
+            .release()
+            .await
+            .unwrap();
+        let mine = format!("leasehold:{{{name}}}");
+        let left: Vec<String> = leftovers(&redis, name)
+            .into_iter()
+            .filter(|key| key.starts_with(&mine))
+            .collect();
+        assert_eq!(left, Vec::<String>::new());
+    }
+}
+
+/// A semaphore waiter's try whose reply is lost queues it; a release then grants it its
+/// permits before the settle of that try reaches Redis. The grant is the line's, not the try's:
+/// the settle leaves it, the waiter takes it, and the waiter behind does not get in first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_grant_the_line_made_outlives_the_settle_of_the_waiters_unanswered_try() {
+    let redis = server();
+    let name = "sem:line-grant-settled";
+    let holder = client(&redis.url()).await;
+    let semaphore = holder.semaphore(name).unwrap();
+    semaphore.set_permits(1).await.unwrap();
+    let held = semaphore.acquire(1).await.unwrap();
+    let (proxy, slow) = common::slow_client(&redis).await;
+    // Far past the slow client's command timeout: the try reaches Redis after it timed out,
+    // and its settle (sent on the same connection) only this long after the try.
+    proxy.set_latency(Duration::from_millis(1500));
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let semaphore = slow.semaphore(name).unwrap();
+        async move { semaphore.acquire(1).await }
+    });
+    let waiters = format!("{}:waiters", semaphore.keys().hash());
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client(&redis.url()).await;
+    let behind = order.spawn("behind", {
+        let semaphore = fast.semaphore(name).unwrap();
+        async move { semaphore.acquire(1).await }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    held.release().await.unwrap();
+    let hash = semaphore.keys().hash().to_string();
+    let marked = cmd(&redis, &["HKEYS", &hash])
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .any(|f| f.starts_with(leasehold_core::protocol::GRANTED_FIELD));
+    assert!(marked, "the release granted the waiter in line");
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}

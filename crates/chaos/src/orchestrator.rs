@@ -1069,7 +1069,8 @@ fn semaphore_left(redis: &dyn Node, hash: &str) -> anyhow::Result<SemaphoreLeft>
         .filter(|(m, _)| !fields.iter().any(|(f, _)| f == m))
         .count();
     use leasehold_core::protocol::{
-        KIND_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, USED_FIELD,
+        GRANTED_FIELD_PREFIX, KIND_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX,
+        READ_FIELD_PREFIX, USED_FIELD,
     };
     // (`~kind` is a semaphore's only with the value `semaphore`.)
     let other_fields = fields
@@ -1077,7 +1078,15 @@ fn semaphore_left(redis: &dyn Node, hash: &str) -> anyhow::Result<SemaphoreLeft>
         .filter(|(f, v)| f != KIND_FIELD || v != "semaphore")
         .map(|(f, _)| f)
         .filter(|f| ![PERMITS_FIELD, USED_FIELD].contains(&f.as_str()))
-        .filter(|f| !f.starts_with(READ_FIELD_PREFIX) && !f.starts_with(READ_FENCE_FIELD_PREFIX))
+        .filter(|f| {
+            ![
+                READ_FIELD_PREFIX,
+                READ_FENCE_FIELD_PREFIX,
+                GRANTED_FIELD_PREFIX,
+            ]
+            .iter()
+            .any(|prefix| f.starts_with(prefix))
+        })
         .cloned()
         .collect();
     let pttl = redis.command(&["PTTL", hash])?.as_int();

@@ -172,7 +172,8 @@ pub struct SemaphoreLeft {
     /// `PTTL` of the hash: -1 (none) by design; `None` in histories from before it was read.
     #[serde(default)]
     pub pttl: Option<i64>,
-    /// Fields that are not a semaphore's (`~kind`, `~permits`, `~used`, `~r:<id>`, `~rf:<id>`):
+    /// Fields that are not a semaphore's (`~kind`, `~permits`, `~used`, `~r:<id>`, `~rf:<id>`,
+    /// `~granted:<id>`):
     /// a lock's or a latch's, written by an acquire of another kind.
     #[serde(default)]
     pub other_fields: Vec<String>,

@@ -174,13 +174,17 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
     // A foreign key where a zset belongs reads as empty.
     let mut zset = || next().ok().map_or_else(Vec::new, |v| layout::scored(&v));
     let (line, until, leases) = (zset(), zset(), zset());
-    // A semaphore's waiters' wants; a foreign key, or values that are not counts, read as none.
+    // A semaphore's waiters' wants (a count, then `:<ms>` for a fixed lease); a foreign key, or
+    // values that are not counts, read as none.
     let wanted: HashMap<String, u64> = next()
         .ok()
         .and_then(|v| v.convert::<HashMap<String, String>>().ok())
         .map(|m| {
             m.into_iter()
-                .filter_map(|(id, n)| Some((id, n.parse().ok()?)))
+                .filter_map(|(id, n)| {
+                    let count = n.split_once(':').map_or(n.as_str(), |(count, _)| count);
+                    Some((id, count.parse().ok()?))
+                })
                 .collect()
         })
         .unwrap_or_default();

@@ -24,11 +24,13 @@
 //!   reader;
 //! * a semaphore: hash `P:{N}` (no TTL) with `~permits` -> the number of permits and `~used`
 //!   -> the permits taken now; per acquisition (its id is an owner id) `~r:<id>` -> the permits
-//!   it holds and `~rf:<id>` -> its token. `P:{N}:leases` keeps each acquisition's deadline
+//!   it holds and `~rf:<id>` -> its token, with `~granted:<id>` while the grant is one a
+//!   release made (the line's, not yet taken by the waiter's own try). `P:{N}:leases` keeps
+//!   each acquisition's deadline
 //!   (`~r:<id>` -> server milliseconds; an expired one returns its permits at the semaphore's
 //!   next call). Its waiters are in `P:{N}:waiters` (id -> arrival, server microseconds, as
 //!   a lock's) and `P:{N}:waiters:until`, and `P:{N}:wants` (a hash) keeps how many
-//!   permits each wants. The `~permits`/`~used` fields tell it from a read/write lock, which
+//!   permits each wants (and `:<ms>` after it, a fixed lease it asked for). The `~permits`/`~used` fields tell it from a read/write lock, which
 //!   has `~r:` fields and leases too (see `scripts/sem/common.lua`);
 //! * a count-down latch: hash `P:{N}` with `~latch` -> the count alone (no TTL; deleted at
 //!   zero). Its waiters subscribe to the release channel `P:{N}:released`.
@@ -41,8 +43,9 @@ use std::collections::HashMap;
 
 use fred::types::Value;
 use leasehold_core::protocol::{
-    FENCE_FIELD, GRANTED_FIELD, KIND_FIELD, LATCH_FIELD, MODE_FIELD, PERMITS_FIELD,
-    READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, ROUND_FIELD, USED_FIELD, WRITER_FIELD,
+    FENCE_FIELD, GRANTED_FIELD, GRANTED_FIELD_PREFIX, KIND_FIELD, LATCH_FIELD, MODE_FIELD,
+    PERMITS_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX, ROUND_FIELD, USED_FIELD,
+    WRITER_FIELD,
 };
 use serde::Serialize;
 
@@ -302,6 +305,13 @@ fn read_semaphore(
         if let Some(id) = field.strip_prefix(READ_FENCE_FIELD_PREFIX) {
             // A token with its permits; a token alone would be a half-written state.
             value.parse::<u64>().ok()?;
+            if !fields.contains_key(&format!("{READ_FIELD_PREFIX}{id}")) {
+                return None;
+            }
+            continue;
+        }
+        if let Some(id) = field.strip_prefix(GRANTED_FIELD_PREFIX) {
+            // A grant the line made, beside its permits (the waiter wakes holding them).
             if !fields.contains_key(&format!("{READ_FIELD_PREFIX}{id}")) {
                 return None;
             }
@@ -731,6 +741,8 @@ mod tests {
             ("~rf:a:o1", "12"),
             ("~r:b:o4", "1"),
             ("~rf:b:o4", "9"),
+            // A grant the line made, not taken yet: its mark is not a holder.
+            ("~granted:b:o4", "1"),
         ]);
         let leases = HashMap::from([("~r:a:o1".to_string(), 4_000), ("~r:b:o4".to_string(), -30)]);
         let reading = read_hash(&fields, Some(Kind::Rwlock), &leases).unwrap();
@@ -782,6 +794,7 @@ mod tests {
             &[("~permits", "2"), ("owner:t1", "1")],
             &[("~permits", "2"), ("~r:a", "0")],
             &[("~permits", "2"), ("~rf:a", "3")],
+            &[("~permits", "2"), ("~granted:a", "1")],
             &[("~used", "1"), ("~mode", "r")],
         ] {
             assert_eq!(read_hash(&map(bad), None, &HashMap::new()), None, "{bad:?}");

@@ -641,6 +641,12 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
         ),
         None => (word(""), word("")),
     };
+    // Settling an acquire: a grant the line made meanwhile is not that acquire's doing.
+    let acquire = word(if matches!(undo, Undo::Acquire(_)) {
+        "a"
+    } else {
+        ""
+    });
     match keys.kind() {
         LockKind::Semaphore => {
             let prefix = keys.waiter_channel_prefix();
@@ -656,6 +662,7 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                             expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
                             score.clone(),
                             life.clone(),
+                            acquire.clone(),
                         ]),
                     )
                 })
@@ -697,11 +704,7 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                             score.clone(),
                             life.clone(),
                             word("o"),
-                            word(if matches!(undo, Undo::Acquire(_)) {
-                                "a"
-                            } else {
-                                ""
-                            }),
+                            acquire.clone(),
                         ]),
                     )
                 })
@@ -805,17 +808,22 @@ pub async fn leave_line<C: crate::connection::ScriptConnection>(
 ) -> Result<()> {
     let prefix = keys.waiter_channel_prefix();
     let (script, list, args) = match keys.kind() {
-        LockKind::Semaphore | LockKind::Read | LockKind::Write => {
-            let script = if keys.is_semaphore() {
-                &scripts.sem_leave
-            } else {
-                &scripts.rw_leave
-            };
+        LockKind::Semaphore => {
+            // The fence counter too: an untaken grant passes on, and the next grant takes a
+            // token.
+            let args = vec![
+                Value::from(owner.id_str().clone()),
+                Value::from(prefix.as_str()),
+                token_arg(known),
+            ];
+            (&scripts.sem_leave, script_keys(keys, true).0, args)
+        }
+        LockKind::Read | LockKind::Write => {
             let args = vec![
                 Value::from(owner.id_str().clone()),
                 Value::from(prefix.as_str()),
             ];
-            (script, script_keys(keys, false).0, args)
+            (&scripts.rw_leave, script_keys(keys, false).0, args)
         }
         LockKind::Plain | LockKind::Fair => {
             let args = vec![

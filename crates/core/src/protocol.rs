@@ -14,6 +14,12 @@ pub const FENCE_FIELD: &str = "~fence";
 /// before it heard of the grant hands it on when it leaves.
 pub const GRANTED_FIELD: &str = "~granted";
 
+/// Prefix of a semaphore hash field marking an acquisition's permits as a grant the line made
+/// (`~granted:<id>`, `@GRANTED@:` in the scripts): a release granted them to that waiter, which
+/// wakes holding them. Its own try takes such a grant as its own, and a waiter that gave up
+/// before it heard of it hands the permits on when it leaves.
+pub const GRANTED_FIELD_PREFIX: &str = "~granted:";
+
 /// Prefix of the hash field that reserves a released read/write lock for the turn of the
 /// writer first in line (`~turn:<owner id>`, `@TURN@` in the scripts). While reserved it is the
 /// hash's only field besides the kind.

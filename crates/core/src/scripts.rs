@@ -166,15 +166,15 @@ const MAX_NOT_RUN_PAUSE: Duration = Duration::from_millis(50);
 /// Replaces the protocol placeholders of a script file.
 fn fill(template: &str, protocol: &Protocol) -> String {
     let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
-    // The hand-on first: it names the fence piece itself.
+    // The hand-on pieces first: they name the fence piece themselves.
     let mut lua = template
         .replace("@HAND_ON@", files::LINE_HAND_ON)
+        .replace("@SEM_COMMON@", files::SEM_COMMON)
         .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@JOIN_LINE@", files::JOIN_LINE)
         .replace("@KEEP_PLACE@", files::KEEP_PLACE)
         .replace("@RELEASE_HOLD@", files::RELEASE_HOLD)
         .replace("@RW_COMMON@", files::RW_COMMON)
-        .replace("@SEM_COMMON@", files::SEM_COMMON)
         .replace("@PERMITS@", PERMITS_FIELD)
         .replace("@USED@", USED_FIELD)
         .replace("@LATCH@", LATCH_FIELD)

@@ -8,15 +8,21 @@
 -- ARGV[5]     waiter channel prefix  P:{N}:released:
 -- ARGV[6]     entry lifetime in milliseconds (the watchdog lease)
 -- ARGV[7]     how many permits
+-- ARGV[8]     'f' when ARGV[2] is a fixed lease (the line grants it as asked), '' for a watched
+--             one (the line grants it until the waiter's entry would have lapsed)
 --
 -- A request is granted when its permits are there and every waiter before it in line can be
 -- served too: nobody jumps the line, not even a releaser asking again, and a large request at
 -- the head is not overtaken by small ones (tokio's Semaphore does the same).
 --
+-- A release grants the waiters at the head whose permits are there (sem/common.lua's hand_on):
+-- a waiter's try that finds such a grant for its id takes it as its own.
+--
 -- Replies: the grant's fencing token; {0, bound} when not granted (bound: how long this stays
 -- so at most without a message to this waiter; -1 when nothing bounds it, e.g. a semaphore
--- whose permits were never set); a waiter's try adds its place in the line ({0, bound, place},
--- as the fair acquire's).
+-- whose permits were never set); a waiter's try adds its place in the line, its rank and the
+-- slot's latest fencing token ({0, bound, place, rank, token}, as the lock's line: a grant
+-- message with a larger token was made after this try).
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -31,9 +37,17 @@ local id, lease, mode, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[7]
 local member = READ .. id
 prune()
 
--- An acquisition whose reply the client never saw holds permits under this id already: they
--- are given back first (its guard never existed).
+-- Permits under this id already: a grant the line made to this waiter, which its try takes as
+-- its own (a new token, the lease it asks for); or an acquisition whose reply the client never
+-- saw, given back first (its guard never existed).
 if redis.call('HEXISTS', KEYS[1], member) == 1 then
+  if mode == 'w' and redis.call('HEXISTS', KEYS[1], GRANTED .. id) == 1 then
+    local fence = next_fence()
+    redis.call('ZADD', KEYS[5], now_ms + lease, member)
+    redis.call('HSET', KEYS[1], '@READ_FENCE@' .. id, fence)
+    redis.call('HDEL', KEYS[1], GRANTED .. id)
+    return fence
+  end
   drop_permit(member)
 end
 
@@ -53,7 +67,7 @@ for _, who in ipairs(before) do
 end
 
 if available() - ahead >= n then
-  @NEXT_FENCE@
+  local fence = next_fence()
   -- The permit's lease right after the fence: a leases zset this script emptied (its last
   -- permit given back above) cannot be written again while the slot migrates (sem/common.lua),
   -- and that stops the script there, before the grant changed anything else.
@@ -72,11 +86,12 @@ end
 if mode == 'w' then
   local owner, life, line_step, line_tag = id, tonumber(ARGV[6]), 1, 0
   @JOIN_LINE@
-  redis.call('HSET', KEYS[6], id, n)
+  redis.call('HSET', KEYS[6], id, ARGV[8] == 'f' and (n .. ':' .. lease) or n)
   gone[3], gone[4], gone[6] = false, false, false
   keep_for(KEYS[6], life + 1000)
 end
--- Permits there for those before this one (their message may have been lost): tell them.
+-- Permits there for those before this one (a waiter ahead gave up, or the number was raised
+-- by a call that could not grant): they are granted.
 hand_on(id)
 
 -- Until the first permit's lease or the first waiter's entry ends (a holder or a waiter ahead
@@ -94,6 +109,7 @@ if bound ~= -1 then
   bound = math.max(bound, 1)
 end
 if mode == 'w' then
-  return {0, bound, redis.call('ZSCORE', KEYS[3], id), redis.call('ZRANK', KEYS[3], id)}
+  return {0, bound, redis.call('ZSCORE', KEYS[3], id), redis.call('ZRANK', KEYS[3], id),
+    redis.call('GET', KEYS[2]) or '0'}
 end
 return {0, bound}

@@ -4,8 +4,10 @@
 -- KEYS[1]  semaphore hash  P:{N}   '@PERMITS@' -> the number of permits (kept until the
 --                                  semaphore is deleted: it is configuration), '@USED@' ->
 --                                  permits taken now; per acquired permit (its id is an owner
---                                  id): '@READ@<id>' -> how many permits it holds and
---                                  '@READ_FENCE@<id>' -> its fencing token
+--                                  id): '@READ@<id>' -> how many permits it holds,
+--                                  '@READ_FENCE@<id>' -> its fencing token, and
+--                                  '@GRANTED@:<id>' while the grant is one the line made
+--                                  (the waiter's own try takes it as its own)
 -- KEYS[2]  fence counter           P:{T}:fence (as the locks')
 -- KEYS[3]  waiters                 P:{N}:waiters        id -> arrival (server microseconds)
 -- KEYS[4]  their deadlines         P:{N}:waiters:until  id -> server ms (renewed by the
@@ -14,9 +16,11 @@
 --                                                       (server ms); no TTL, like the hash:
 --                                                       an expired permit stays listed until
 --                                                       a call gives it back
--- KEYS[6]  what each waiter wants  P:{N}:wants          id -> number of permits (renewed
---                                                       with the waiters' entries)
--- Needs `now_ms` (server time) and `prefix` (the waiter channel prefix P:{N}:released:).
+-- KEYS[6]  what each waiter wants  P:{N}:wants          id -> number of permits, and
+--                                                       ':<ms>' after it for a fixed lease
+--                                                       (renewed with the waiters' entries)
+-- Needs `t` (server TIME), `now_ms` (server time in ms) and `prefix` (the waiter channel
+-- prefix P:{N}:released:).
 --
 -- While the slot migrates (Redis Cluster), Redis stops a script half-way ("non local key") at
 -- the first command that names a key the script itself emptied, as a zset whose last member it
@@ -27,6 +31,7 @@
 -- stopped there: before its own changes.)
 
 local READ = '@READ@'
+local GRANTED = '@GRANTED@:'
 
 -- The keys among KEYS[3..6] that this script emptied (index -> true): they are gone.
 local gone = {}
@@ -69,7 +74,7 @@ local function drop_permit(member)
   local count = redis.call('HGET', KEYS[1], member)
   if count then
     redis.call('HINCRBY', KEYS[1], '@USED@', -tonumber(count))
-    redis.call('HDEL', KEYS[1], member, '@READ_FENCE@' .. id)
+    redis.call('HDEL', KEYS[1], member, '@READ_FENCE@' .. id, GRANTED .. id)
   end
   zrem(5, {member})
 end
@@ -88,35 +93,84 @@ local function prune()
   end
 end
 
--- What a waiter wants (1 when unknown).
+-- What a waiter wants (1 when unknown), and the fixed lease it asked for (nil: a watched one).
 local function wants(id)
   if gone[6] then
     return 1
   end
-  return tonumber(redis.call('HGET', KEYS[6], id) or '1')
+  local asked = redis.call('HGET', KEYS[6], id)
+  if not asked then
+    return 1
+  end
+  local n, lease = string.match(asked, '^(%d+):?(%d*)$')
+  return tonumber(n) or 1, tonumber(lease)
 end
 
--- Tells the waiters at the head of the line whose permits are there now, in order, each on
--- its own channel: the first, and each next one while what they want together fits. `except`:
--- a waiter not to tell (the caller), or false.
-local function hand_on(except)
-  local left = available()
+-- The next fencing token. (The fence piece's error reply for a counter of another type cannot
+-- come here: wrong_type() refused that before anything was written.)
+local function next_fence()
+  @NEXT_FENCE@
+  return fence
+end
+
+-- Grants the waiters at the head of the line whose permits are there, in order: the first,
+-- and each next one while what they want together fits (a large request at the head is not
+-- overtaken by small ones). Each is granted as a release grants a lock's head
+-- (line/hand_on.lua): its permits, a new fencing token, the '@GRANTED@:<id>' mark, and its
+-- lease (a fixed one as asked; a watched one until its entry would have lapsed, so a waiter
+-- that died meanwhile holds its permits no longer than its entry would have held its place);
+-- it leaves the line and only it is told, on its own channel ('@GRANT@<token>:<lease>:<id>').
+-- `except`: a waiter not to grant (the caller), or false; `extra`: permits about to be given
+-- back by the caller, counted as there (it gives them back after: a leases zset emptied by
+-- this script could not be written again while the slot migrates).
+--
+-- A fixed lease may end before the bound the next waiter sleeps on (the earliest lease it
+-- saw): that waiter is told to look again. When this script emptied the leases zset itself
+-- (every permit lapsed), no grant can be written there while the slot migrates: the head
+-- waiters are told to look again instead, and their own tries take the permits.
+local function hand_on(except, extra)
+  local left = available() + (extra or 0)
+  local granted, short = {}, false
   local from = 0
   while left > 0 and not gone[3] do
     local line = redis.call('ZRANGE', KEYS[3], from, from + 99)
     for _, who in ipairs(line) do
-      left = left - wants(who)
+      local n, lease = wants(who)
+      left = left - n
       if left < 0 then
-        return
+        from = -1
+        break
       end
       if who ~= except then
-        redis.call('@PUBLISH@', prefix .. who, '@FREE@')
+        if gone[5] then
+          redis.call('@PUBLISH@', prefix .. who, '@FREE@')
+        else
+          if lease then
+            short = true
+          else
+            lease = math.max(tonumber(redis.call('ZSCORE', KEYS[4], who) or now_ms) - now_ms, 1)
+          end
+          local fence = next_fence()
+          local member = READ .. who
+          redis.call('ZADD', KEYS[5], now_ms + lease, member)
+          redis.call('HSET', KEYS[1], member, n, '@READ_FENCE@' .. who, fence, GRANTED .. who, '1')
+          redis.call('HINCRBY', KEYS[1], '@USED@', n)
+          redis.call('@PUBLISH@', prefix .. who, '@GRANT@' .. fence .. ':' .. lease .. ':' .. who)
+          granted[#granted + 1] = who
+        end
       end
     end
-    if #line < 100 then
-      return
+    if from < 0 or #line < 100 then
+      break
     end
     from = from + 100
+  end
+  drop_waiters(granted)
+  if short and not gone[3] then
+    local after = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if after and after ~= except then
+      redis.call('@PUBLISH@', prefix .. after, '@FREE@')
+    end
   end
 end
 
@@ -124,8 +178,8 @@ end
 -- ('WRONGKIND <kind> semaphore': its hash is not marked '@KIND@' = 'semaphore'); nil when all
 -- is fine. Every semaphore hash carries the marker: the calls that create it write it.
 local function wrong_type()
-  local want = {'hash', nil, 'zset', 'zset', 'zset', 'hash'}
-  for _, i in ipairs({1, 3, 4, 5, 6}) do
+  local want = {'hash', 'string', 'zset', 'zset', 'zset', 'hash'}
+  for i = 1, 6 do
     local kind = redis.call('TYPE', KEYS[i])['ok']
     if kind ~= 'none' and kind ~= want[i] then
       return redis.error_reply('WRONGTYPE ' .. i .. ' a semaphore key holds another type')

@@ -6,7 +6,7 @@
 -- ARGV[3]     waiter channel prefix  P:{N}:released:
 --
 -- Replies: 1 changed, 0 not ('try' on a semaphore already set, 'delete' of nothing). Waiters
--- whose permits are now there are told. Lowering the number below what is taken is allowed:
+-- at the head whose permits are now there are granted them (sem/common.lua's hand_on). Lowering the number below what is taken is allowed:
 -- new acquisitions wait until enough permits come back. Errors: 'RANGE ...' when 'add' would
 -- take the number below 0 or above 2^32 - 1 (nothing changed); 'WRONGTYPE <i> ...';
 -- 'WRONGKIND <kind> semaphore' when the name is in use by another kind.
