@@ -9,7 +9,7 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ConnectionConfig, PerformanceConfig, ReconnectPolicy};
 use fred::types::Builder;
-use leasehold_core::protocol::{Protocol, DEFAULT_TURN_GRACE};
+use leasehold_core::protocol::Protocol;
 use leasehold_core::scripts::Scripts;
 use leasehold_core::{ClientId, DropGuard, Lease, LockError, Prefix, Redis, ReplicaSync, Result};
 use leasehold_pubsub::{NotifierSettings, ReleaseNotifier};
@@ -241,7 +241,6 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     reconnect: ReconnectPolicy,
     renew_batch: usize,
-    turn_grace: Duration,
     linger: Duration,
     replica_sync: ReplicaSync,
     sharded_pubsub: bool,
@@ -264,7 +263,6 @@ impl fmt::Debug for LockClientBuilder {
             .field("lease", &self.lease)
             .field("command_timeout", &self.command_timeout)
             .field("renew_batch", &self.renew_batch)
-            .field("turn_grace", &self.turn_grace)
             .field("subscription_linger", &self.linger)
             .field("replica_sync", &self.replica_sync)
             .field("sharded_pubsub", &self.sharded_pubsub)
@@ -286,7 +284,6 @@ impl LockClientBuilder {
             // Unlimited attempts, 50 ms doubling to 2 s: a lock client should come back by itself.
             reconnect: ReconnectPolicy::new_exponential(0, 50, 2_000, 2),
             renew_batch: 1000,
-            turn_grace: DEFAULT_TURN_GRACE,
             linger: DEFAULT_SUBSCRIPTION_LINGER,
             replica_sync: ReplicaSync::None,
             sharded_pubsub: true,
@@ -365,27 +362,6 @@ impl LockClientBuilder {
     /// ```
     pub fn renew_batch_size(mut self, size: usize) -> Self {
         self.renew_batch = size.max(1);
-        self
-    }
-
-    /// How long a release reserves the lock for the next queued client's turn, and how long
-    /// other clients stand by before trying themselves when that client does not take it
-    /// (default 25 ms; at least 1 ms). Raise it when clients reach Redis over a slow network.
-    /// Every client of one deployment should use the same value.
-    ///
-    /// ```
-    /// # leasehold_testkit::with_redis(|url| async move {
-    /// use leasehold::{LockClient, DEFAULT_TURN_GRACE};
-    /// // Clients a long round trip away from Redis: every client of the deployment is built
-    /// // with the same, longer grace.
-    /// let client = LockClient::builder(&url)
-    ///     .turn_grace(DEFAULT_TURN_GRACE * 4)
-    ///     .build()
-    ///     .await?;
-    /// # let _ = client; Ok::<(), leasehold::LockError>(()) });
-    /// ```
-    pub fn turn_grace(mut self, grace: Duration) -> Self {
-        self.turn_grace = grace;
         self
     }
 
@@ -568,12 +544,6 @@ impl LockClientBuilder {
                 leasehold_core::MAX_LEASE
             )));
         }
-        if self.turn_grace < Duration::from_millis(1) || self.turn_grace > Duration::from_secs(60) {
-            return Err(LockError::InvalidArgument(format!(
-                "turn grace {:?} must be 1 ms to 60 s",
-                self.turn_grace
-            )));
-        }
         self.replica_sync.validate(self.command_timeout)?;
         if let Some(max_hold) = self.max_hold {
             Lease::new(max_hold).map_err(|_| {
@@ -691,11 +661,7 @@ impl LockClientBuilder {
                 prefix.as_str()
             );
         }
-        let protocol = Protocol {
-            turn_grace: self.turn_grace,
-            sharded,
-            silent,
-        };
+        let protocol = Protocol { sharded, silent };
         let scripts = Scripts::for_protocol(protocol);
         match tokio::time::timeout(self.command_timeout, preload_scripts(&redis, &scripts)).await {
             Ok(result) => result?,

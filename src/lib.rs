@@ -82,7 +82,6 @@ pub use client::{LockClient, LAST_TRY_BUDGET};
 pub use guard::LockGuard;
 pub use hold::Hold;
 pub use latch::Latch;
-pub use leasehold_core::protocol::DEFAULT_TURN_GRACE;
 pub use leasehold_core::{
     FencingToken, Lease, LockError, LockKeys, LockKind, Owner, RedisError, ReplicaSync, Result,
     Synced, MAX_LEASE, MAX_NAME_LEN,

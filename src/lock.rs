@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind};
+use leasehold_core::protocol::READ_FIELD_PREFIX;
 use leasehold_core::telemetry::{LockMetrics, Outcome};
 use leasehold_core::{
     DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result, Synced,
@@ -642,7 +643,14 @@ impl Attempt for LockAttempt<'_> {
 
     fn heard(&mut self, place: &Place) -> Option<Granted> {
         let in_line = (*self.heard.lock())?;
-        let (fence, lease_ms) = place.granted(self.hold.owner.id(), in_line.counter)?;
+        // A grant names the field its hold is counted in: the owner, or a reader's field (an
+        // owner's read and write sides hear on one channel).
+        let (fence, lease_ms) = if self.hold.keys.kind() == LockKind::Read {
+            let field = format!("{READ_FIELD_PREFIX}{}", self.hold.owner.id());
+            place.granted(&field, in_line.counter)?
+        } else {
+            place.granted(self.hold.owner.id(), in_line.counter)?
+        };
         self.take_heard(FencingToken::new(fence), lease_ms, in_line.sent_at)
     }
 

@@ -1342,8 +1342,9 @@ async fn a_fair_force_unlock_with_a_waiter_runs_whole_while_its_slot_migrates() 
 }
 
 /// A read/write lock's last read hold is released with a writer in line while the lock's slot
-/// is migrating: the release script runs whole and reserves the lock for the writer's turn; the
-/// writer gets it after the migration.
+/// is migrating: the release script runs whole and grants the lock to the writer (its grant
+/// written before the released hold's lease goes, so the leases zset is never emptied and
+/// written again); the writer has it.
 ///
 /// Failed before: the release removed the last lease (its zset then gone) and read the leases
 /// again; Redis stopped the script half-way ("non local key"): the release failed with the read
@@ -1389,10 +1390,12 @@ async fn a_read_release_with_a_writer_waiting_runs_whole_while_its_slot_migrates
         err_replies(&cluster, from) - errors
     );
     released.expect("the release ran whole");
-    let fields = fields.expect("the lock is reserved, not deleted");
-    assert_eq!(fields.len(), 2, "the kind and the turn: {fields:?}");
-    assert!(fields.iter().any(|f| f.starts_with("~turn:")), "{fields:?}");
-    assert!(leases.is_empty(), "no hold is left: {leases:?}");
+    let fields = fields.expect("the lock is granted, not deleted");
+    assert!(
+        fields.iter().any(|f| f == "~granted") && fields.iter().any(|f| f == "~writer"),
+        "granted to the writer: {fields:?}"
+    );
+    assert_eq!(leases.len(), 1, "the writer's hold alone: {leases:?}");
     migration.finish().unwrap();
     within(Duration::from_secs(20), "the writer", writer)
         .await
@@ -1410,8 +1413,8 @@ async fn a_read_release_with_a_writer_waiting_runs_whole_while_its_slot_migrates
 }
 
 /// A read/write lock's write hold is released with readers in line while the lock's slot is
-/// migrating: the release script runs whole, the lock is free and every reader is told; both
-/// get it after the migration.
+/// migrating: the release script runs whole and grants every reader its read hold; both have
+/// it.
 ///
 /// Failed before: as the read release (see
 /// `a_read_release_with_a_writer_waiting_runs_whole_while_its_slot_migrates`): the script
@@ -1459,7 +1462,15 @@ async fn a_write_release_with_readers_waiting_runs_whole_while_its_slot_migrates
         err_replies(&cluster, from) - errors
     );
     released.expect("the release ran whole");
-    assert!(fields.is_err(), "the lock is free: {fields:?}");
+    let fields = fields.expect("the lock is granted, not deleted");
+    assert_eq!(
+        fields
+            .iter()
+            .filter(|f| f.starts_with("~granted:~r:"))
+            .count(),
+        2,
+        "granted to both readers: {fields:?}"
+    );
     migration.finish().unwrap();
     for reader in readers {
         within(Duration::from_secs(20), "a reader", reader)
@@ -1479,8 +1490,8 @@ async fn a_write_release_with_readers_waiting_runs_whole_while_its_slot_migrates
 }
 
 /// `force_unlock` of a read/write lock, held by a reader and with a writer in line, while its
-/// slot is migrating: the script runs whole and reserves the lock for the writer's turn; the
-/// writer gets it after the migration.
+/// slot is migrating: the script runs whole and grants the lock to the writer, as a release
+/// would; the writer has it.
 ///
 /// Failed before: the script deleted the lock's key and its leases and then read them again to
 /// hand the lock on; Redis stopped it half-way ("non local key"): the lock was removed and the
@@ -1526,10 +1537,16 @@ async fn a_read_write_force_unlock_with_a_writer_waiting_runs_whole_while_its_sl
         err_replies(&cluster, from) - errors
     );
     assert!(forced.expect("the force unlock ran whole"));
-    let fields = fields.expect("the lock is reserved for the writer, not deleted");
-    assert_eq!(fields.len(), 2, "the kind and the turn: {fields:?}");
-    assert!(fields.iter().any(|f| f.starts_with("~turn:")), "{fields:?}");
-    assert!(leases.is_empty(), "no hold is left: {leases:?}");
+    let fields = fields.expect("the lock is granted to the writer, not deleted");
+    assert!(
+        fields.iter().any(|f| f == "~granted") && fields.iter().any(|f| f == "~writer"),
+        "granted to the writer: {fields:?}"
+    );
+    assert!(
+        !fields.iter().any(|f| f.starts_with("~r:")),
+        "the reader's hold is gone: {fields:?}"
+    );
+    assert_eq!(leases.len(), 1, "the writer's hold alone: {leases:?}");
     migration.finish().unwrap();
     within(Duration::from_secs(20), "the writer", writer)
         .await

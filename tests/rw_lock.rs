@@ -601,3 +601,150 @@ async fn extending_read_and_write_leases_moves_each_holds_own_expiry() {
     other.unlock().await.unwrap();
     read.unlock().await.unwrap();
 }
+
+/// A write release grants every reader at the head of the line their read holds at once, and
+/// tells each with one message on its own channel naming its read field: the readers hold the
+/// lock together when they wake, and no try follows. A herd, or a "look again" followed by a
+/// try, fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_release_grants_every_waiting_reader_with_one_message_each() {
+    use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+
+    let redis = server();
+    let name = "rw:one-message";
+    let watcher = fred::clients::SubscriberClient::new(
+        fred::types::config::Config::from_url(&redis.url()).unwrap(),
+        None,
+        None,
+        None,
+    );
+    watcher.init().await.unwrap();
+    let seen: Arc<parking_lot::Mutex<Vec<(String, String)>>> = Arc::default();
+    let mut messages = watcher.message_rx();
+    let collector = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Ok(message) = messages.recv().await {
+                let payload = message.value.as_string().unwrap_or_default();
+                seen.lock().push((message.channel.to_string(), payload));
+            }
+        })
+    };
+    watcher
+        .psubscribe(format!("leasehold:{{{name}}}:released*"))
+        .await
+        .unwrap();
+    let writer_client = client(&redis.url()).await;
+    let rw = writer_client.rw_lock(name).unwrap();
+    let write = rw.write().lock().await.unwrap();
+    const READERS: usize = 4;
+    let inside = Arc::new(tokio::sync::Barrier::new(READERS));
+    let mut owners = Vec::new();
+    let mut tasks = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..READERS {
+        let reader = client(&redis.url()).await;
+        let owner = reader.new_owner();
+        owners.push(owner.id().to_string());
+        let rw = reader.rw_lock(name).unwrap().with_owner(owner);
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let read = rw.read().lock().await.unwrap();
+            // Every reader holds its read hold at once.
+            inside.wait().await;
+            read.unlock().await.unwrap();
+        }));
+        clients.push(reader);
+    }
+    let line = rw.write().keys().waiters();
+    until_queued(&redis, &line, READERS as i64).await;
+    write.unlock().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("every reader is served, all inside together")
+            .unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || seen.lock().len() >= READERS).await,
+        "{:#?}",
+        seen.lock()
+    );
+    let seen = seen.lock().clone();
+    collector.abort();
+    assert_eq!(seen.len(), READERS, "one message per reader: {seen:#?}");
+    let prefix = format!("leasehold:{{{name}}}:released:");
+    for owner in &owners {
+        let channel = format!("{prefix}{owner}");
+        let to_it: Vec<_> = seen.iter().filter(|(c, _)| *c == channel).collect();
+        assert_eq!(to_it.len(), 1, "one message to {channel}: {seen:#?}");
+        assert!(
+            to_it[0].1.starts_with('=') && to_it[0].1.ends_with(&format!(":~r:{owner}")),
+            "a read grant to it: {to_it:?}"
+        );
+    }
+    assert!(lock_keys(&redis).is_empty(), "{:?}", lock_keys(&redis));
+}
+
+/// A writer that gave up before it heard of the grant a release made to it hands the lock on
+/// when it leaves: the reader behind it gets in at once, not when the grant lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_writer_that_gave_up_passes_on() {
+    use leasehold_core::commands::{self, Acquire, AcquireMode};
+
+    let redis = server();
+    let name = "rw:gave-up";
+    let holder = client(&redis.url()).await;
+    let other = client(&redis.url()).await;
+    let scripts = common::scripts();
+    let rw = holder.rw_lock(name).unwrap();
+    let read = rw.read().lock().await.unwrap();
+    // The writer is driven by hand (as the engine sends its tries).
+    let gone = other.new_owner();
+    let life = leasehold::Lease::new(Duration::from_secs(20)).unwrap();
+    let mode = AcquireMode::Waiter {
+        entry_life: life,
+        non_reentrant: false,
+        fixed_lease: false,
+    };
+    let write_keys = rw.write().keys().clone();
+    let tried = commands::acquire(other.redis(), &scripts, &write_keys, &gone, life, mode)
+        .await
+        .unwrap();
+    assert!(matches!(tried, Acquire::Held { .. }), "{tried:?}");
+    let reader = client(&redis.url()).await;
+    let behind = {
+        let rw = reader.rw_lock(name).unwrap();
+        tokio::spawn(async move {
+            let read = rw
+                .read()
+                .try_lock_for(Duration::from_secs(10))
+                .await
+                .unwrap();
+            read.map(|g| g.detach())
+        })
+    };
+    until_queued(&redis, &write_keys.waiters(), 2).await;
+    read.unlock().await.unwrap();
+    let hash = write_keys.hash().to_string();
+    assert_eq!(common::hget(&redis, &hash, gone.id()), Some(1), "granted");
+    assert_eq!(
+        common::hget(&redis, &hash, "~granted"),
+        Some(1),
+        "by the line"
+    );
+    commands::leave_line(other.redis(), &scripts, &write_keys, &gone, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        common::hget(&redis, &hash, gone.id()),
+        None,
+        "the leave passed the grant on"
+    );
+    let got = behind.await.unwrap();
+    got.expect("the reader behind gets in long before the writer's grant would lapse")
+        .unlock()
+        .await
+        .unwrap();
+    assert!(lock_keys(&redis).is_empty(), "{:?}", lock_keys(&redis));
+}

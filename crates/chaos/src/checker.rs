@@ -177,7 +177,6 @@ use crate::history::{
 use crate::run::{Cleanup, Layout, LockType, RunConfig};
 use crate::store::{Accepted, Refused, Store};
 use crate::worker::MAX_EXPLICIT_LEASE;
-use leasehold_core::protocol::DEFAULT_TURN_GRACE as TURN_GRACE;
 
 /// A wait may stall this long without any fault to explain it (contention alone: a few
 /// seconds at most with these hold times) before it counts as a waiter that never progressed.
@@ -188,10 +187,10 @@ fn recovery_us(config: &RunConfig) -> i64 {
     2 * config.lease.max(MAX_EXPLICIT_LEASE).as_micros() as i64 + 2_000_000
 }
 
-/// A waiter must have a free lock within this long when no fault is near: the turn grace (the
-/// release may reserve the lock for another client's turn; the other clients try once it has
-/// passed) plus 200 ms for the wake-up message, one try and the scheduling of the processes.
-pub const FREE_LOCK_BOUND_US: i64 = TURN_GRACE.as_micros() as i64 + 200_000;
+/// A waiter must have a free lock within this long when no fault is near: the grant's or the
+/// wake-up's message, one try (a waiter told to look again), and the scheduling of the
+/// processes.
+pub const FREE_LOCK_BOUND_US: i64 = 225_000;
 /// fred's first reconnect delay under the library's default policy, which the chaos clients
 /// keep (50 ms doubling to 2 s, plus up to 100 ms of jitter).
 const FIRST_RECONNECT_DELAY_US: i64 = 150_000;
@@ -329,19 +328,18 @@ struct Op {
 }
 
 /// What [`Event::Floor`] read: at some instant in [sent, answered], the owner had (or not) an
-/// entry in the line, a hold, a turn.
+/// entry in the line, a hold.
 #[derive(Clone, Copy, Debug)]
 struct FloorSeen {
     sent: i64,
     entry: bool,
     held: bool,
-    turn: bool,
 }
 
 impl FloorSeen {
     /// Nothing of the owner's at the lock: whatever the owner gets after, it gets anew.
     fn clean(&self) -> bool {
-        !(self.entry || self.held || self.turn)
+        !(self.entry || self.held)
     }
 }
 
@@ -733,14 +731,12 @@ pub fn analyze(
                     t,
                     entry: in_line,
                     held,
-                    turn,
                     ..
                 } => {
                     entry.floor = Some(FloorSeen {
                         sent: *t,
                         entry: *in_line,
                         held: *held,
-                        turn: *turn,
                     });
                 }
                 Event::Queued {
@@ -1850,14 +1846,13 @@ fn fair_order_check(report: &mut Report, ops: &BTreeMap<OpKey, Op>) {
         note: format!(
             "{} grants judged against the {} waiters in line when they began (and {rw_judged} on \
              read/write locks); not judged: {} whose owner already had an entry ({} of them from \
-             an earlier wait, not a joined op), {} a hold, {} a turn at the lock, {} whose \
-             owner's state could not be read",
+             an earlier wait, not a joined op), {} a hold, {} whose owner's state could not be \
+             read",
             stats.judged_grants,
             stats.pairs,
             stats.entry,
             stats.inherited,
             stats.held,
-            stats.turn,
             stats.no_floor
         ),
     });
@@ -1876,7 +1871,6 @@ struct FairStats {
     /// an earlier wait whose leave had not run yet).
     inherited: usize,
     held: usize,
-    turn: usize,
     judged_grants: usize,
     pairs: usize,
 }
@@ -1912,7 +1906,6 @@ impl FairStats {
             }
         }
         self.held += usize::from(floor.held);
-        self.turn += usize::from(floor.turn);
     }
 }
 
@@ -2084,8 +2077,7 @@ fn line_holds(
     config: &RunConfig,
 ) -> Vec<(i64, i64)> {
     let (client, gen, _) = op.key;
-    let entry_life =
-        config.lease.as_micros() as i64 + EXPIRY_SLACK_US + TURN_GRACE.as_micros() as i64;
+    let entry_life = config.lease.as_micros() as i64 + EXPIRY_SLACK_US;
     let mut windows = Vec::new();
     let end = match (op.call_end(), killed) {
         (Some(end), _) => end,
@@ -3318,7 +3310,6 @@ pub(super) mod tests {
             answered: t + 50,
             entry: false,
             held: false,
-            turn: false,
         }
     }
 
@@ -3401,11 +3392,7 @@ pub(super) mod tests {
     fn an_owner_already_in_line_or_holding_is_not_judged() {
         // c's owner had an entry of its own when c began (an earlier wait's, whose leave had
         // not run yet): c may be ahead of b.
-        for (entry, held, turn) in [
-            (true, false, false),
-            (false, true, false),
-            (false, false, true),
-        ] {
+        for (entry, held) in [(true, false), (false, true)] {
             let mut h = line(900_500, 900_900);
             h[2].events[1] = Event::Floor {
                 t: 20_000,
@@ -3413,7 +3400,6 @@ pub(super) mod tests {
                 answered: 20_050,
                 entry,
                 held,
-                turn,
             };
             let report = run(&h, &[], &[]);
             assert_eq!(report.count(FAIR_ORDER), 0, "{report}");

@@ -245,15 +245,13 @@ pub enum Event {
     /// A fair-lock op's owner as Redis had it just before the acquire call, read in one script
     /// on the client's own connection straight to Redis (not the library's): sent at `t`,
     /// answered at `answered` (both before the op's `Begin`). `entry`: the owner had a place in
-    /// the lock's line (`P:{N}:waiters`); `held`: it held the lock; `turn`: the lock was
-    /// reserved for its turn.
+    /// the lock's line (`P:{N}:waiters`); `held`: it held the lock.
     Floor {
         t: i64,
         op: u64,
         answered: i64,
         entry: bool,
         held: bool,
-        turn: bool,
     },
     /// A fair-lock waiter's place in line, seen by polling `ZSCORE P:{N}:waiters <owner>` on
     /// that connection while the acquire was under way: one event per run of polls that found

@@ -12,7 +12,7 @@
 //!
 //! What it reads (see `checker::fair_order_check` for how it is used):
 //! - [`Observer::floor`], just before a fair acquire: whether the owner already had a place in
-//!   the line, held the lock, or had a turn reserved;
+//!   the line or held the lock;
 //! - [`Observer::watch`], polled while a fair or read/write acquire waits: the owner's entry's
 //!   score (its arrival, server microseconds) or nothing, and the token of a grant it holds in
 //!   Redis (granted there, though its call has not returned);
@@ -39,16 +39,15 @@ const TIMEOUT: Duration = Duration::from_millis(250);
 const FLOOR_WAIT: Duration = Duration::from_millis(300);
 
 /// The owner's state at a fair or read/write lock, read atomically (one script): an entry in
-/// the line, a hold (a fair lock's or writer's `<owner>` field, a reader's `~r:<owner>`), a
-/// turn reserved (`~turn:<owner>`, `scripts/fair/hand_on.lua`). `ARGV[2]` and `ARGV[3]` are the
-/// fields' prefixes ([`leasehold_core::protocol`]: the scripts' `@READ@` and `@TURN@` are
-/// filled in when the library loads them, so the text here must be the real one).
+/// the line, a hold (a fair lock's or writer's `<owner>` field, a reader's `~r:<owner>`: a
+/// grant the line made is a hold too). `ARGV[2]` is the reader field's prefix
+/// ([`leasehold_core::protocol`]: the scripts' `@READ@` is filled in when the library loads
+/// them, so the text here must be the real one).
 const FLOOR_SCRIPT: &str = "\
 local entry = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
 local held = math.max(redis.call('HEXISTS', KEYS[2], ARGV[1]),
   redis.call('HEXISTS', KEYS[2], ARGV[2] .. ARGV[1]))
-local turn = redis.call('HEXISTS', KEYS[2], ARGV[3] .. ARGV[1])
-return {entry, held, turn}";
+return {entry, held}";
 
 /// A waiter's place in line and its hold, read atomically: its entry's score (or false) and,
 /// when it holds the lock in Redis, that grant's token: `~fence` for a fair lock's or a
@@ -103,7 +102,6 @@ pub struct Watched {
 pub struct Floor {
     pub entry: bool,
     pub held: bool,
-    pub turn: bool,
 }
 
 struct Ask {
@@ -143,7 +141,7 @@ impl Observer {
         reply.await.ok()
     }
 
-    /// `owner`'s entry, hold and turn at the fair lock `keys`, read in one script; `None` also
+    /// `owner`'s entry and hold at the fair lock `keys`, read in one script; `None` also
     /// when no answer came within [`FLOOR_WAIT`] (the acquire then goes on without).
     pub async fn floor(&self, keys: &LockKeys, owner: &str) -> Option<Answer<Floor>> {
         let args = [
@@ -154,7 +152,6 @@ impl Observer {
             keys.hash(),
             owner,
             protocol::READ_FIELD_PREFIX,
-            protocol::TURN_FIELD_PREFIX,
         ];
         let ask = self.ask(args.map(str::to_string).to_vec());
         let answer = tokio::time::timeout(FLOOR_WAIT, ask).await.ok()??;
@@ -164,12 +161,12 @@ impl Observer {
             .iter()
             .map(|v| v.as_int().map(|n| n == 1))
             .collect::<Option<_>>()?;
-        let [entry, held, turn] = flags[..] else {
+        let [entry, held] = flags[..] else {
             return None;
         };
         Some(Answer {
             sent: answer.sent,
-            value: Floor { entry, held, turn },
+            value: Floor { entry, held },
             received: answer.received,
         })
     }
@@ -326,8 +323,8 @@ mod tests {
 
     #[test]
     fn the_scripts_name_the_real_fields() {
-        // Sent as they are: a placeholder of the library's scripts (`@TURN@`) would never
-        // match (the floor's turn flag was always false that way).
+        // Sent as they are: a placeholder of the library's scripts (`@READ@`) would never
+        // match.
         for script in [FLOOR_SCRIPT, WATCH_SCRIPT, CUT_IN_LINE_SCRIPT] {
             assert!(!script.contains('@'), "{script}");
         }

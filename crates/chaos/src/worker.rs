@@ -511,7 +511,6 @@ async fn one_op(
             answered: floor.received,
             entry: floor.value.entry,
             held: floor.value.held,
-            turn: floor.value.turn,
         });
     }
     if fair && kind.waits() && ctx.config.cut_in_line && rng.chance(50) {

@@ -49,8 +49,7 @@ pub struct LockState {
     /// them apart) or `rwlock` (a read/write lock); `semaphore` or `latch` for those; `null`
     /// when `kind` is `none` or `foreign:...`.
     pub lock_kind: Option<Kind>,
-    /// A read/write lock's mode, `read` or `write`; `null` for other kinds, and for a
-    /// read/write lock reserved for a waiting writer's turn (no holds).
+    /// A read/write lock's mode, `read` or `write`; `null` for other kinds.
     pub mode: Option<Mode>,
     /// Each holder: owner id and hold count (one owner for an exclusive lock), and for a
     /// read/write lock each hold's role, token and lease; for a semaphore each acquisition:
@@ -96,7 +95,7 @@ pub struct LockState {
 }
 
 impl LockState {
-    /// Whether the lock is held (or reserved for a turn) right now (never for a semaphore or a
+    /// Whether the lock is held right now (never for a semaphore or a
     /// latch: they are not locks).
     pub fn is_locked(&self) -> bool {
         self.kind == "reentrant"
@@ -347,9 +346,6 @@ pub fn describe(state: &LockState) -> String {
         let mode = match state.mode {
             Some(Mode::Write) => "write".to_string(),
             Some(Mode::Read) => format!("read ({readers} reader{})", plural(readers)),
-            None if state.holders.iter().any(|h| h.owner.starts_with('~')) => {
-                "none (no holds: reserved for a waiting writer's turn)".to_string()
-            }
             None => "none".to_string(),
         };
         rows.push(vec!["mode".into(), mode]);

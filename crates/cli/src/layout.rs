@@ -17,8 +17,9 @@
 //!   plain lock's former turn queue, is no longer written, and not read);
 //! * a read/write lock: hash `P:{N}` with `~mode` -> `r` or `w`; the writer's `~writer` ->
 //!   owner id, `<owner id>` -> write hold count and `~fence` -> its token; per reader
-//!   `~r:<owner id>` -> read hold count and `~rf:<owner id>` -> its token; or `~turn:<owner
-//!   id>` alone while reserved for a waiting writer. `P:{N}:leases` keeps each hold's deadline
+//!   `~r:<owner id>` -> read hold count and `~rf:<owner id>` -> its token; a hold the line
+//!   granted (a release handed it to a waiter) is marked `~granted` (a writer's) or
+//!   `~granted:~r:<owner id>` (a reader's) until the waiter's try takes it. `P:{N}:leases` keeps each hold's deadline
 //!   (the writer's owner id, or `~r:<owner id>` -> server milliseconds). Its waiters are in
 //!   `P:{N}:waiters` as a lock's, scored arrival * 2 + 1 for a writer and arrival * 2 for a
 //!   reader;
@@ -128,7 +129,7 @@ impl Mode {
 /// acquisition of a semaphore's permits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Holder {
-    /// `<client uuid>:<local id>`; a reservation as its field (`~turn:<id>`, `~expiring`); a
+    /// `<client uuid>:<local id>`; a reservation as its field (`~expiring`); a
     /// semaphore acquisition's id (an owner id made for it).
     pub owner: String,
     /// Nested holds of this owner (of this side, for a read/write lock); 1 for a semaphore
@@ -388,8 +389,17 @@ fn read_rw_fields(
     let writer = fields.get(WRITER_FIELD);
     let mut holders = Vec::new();
     for (field, value) in fields {
-        if [FENCE_FIELD, MODE_FIELD, WRITER_FIELD, KIND_FIELD].contains(&field.as_str())
+        // (`~granted` and `~granted:~r:<owner>` mark a hold the line granted: not holders.)
+        if [
+            FENCE_FIELD,
+            MODE_FIELD,
+            WRITER_FIELD,
+            KIND_FIELD,
+            GRANTED_FIELD,
+        ]
+        .contains(&field.as_str())
             || field.starts_with(READ_FENCE_FIELD_PREFIX)
+            || field.starts_with(GRANTED_FIELD_PREFIX)
         {
             continue;
         }

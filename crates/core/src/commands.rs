@@ -674,7 +674,7 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                 .rw_release
                 .call(client, || {
                     (
-                        script_keys(keys, false).0.into(),
+                        script_keys(keys, true).0.into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(prefix.as_str()),
@@ -683,6 +683,7 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                             side(keys),
                             score.clone(),
                             life.clone(),
+                            acquire.clone(),
                         ]),
                     )
                 })
@@ -809,8 +810,6 @@ pub async fn leave_line<C: crate::connection::ScriptConnection>(
     let prefix = keys.waiter_channel_prefix();
     let (script, list, args) = match keys.kind() {
         LockKind::Semaphore => {
-            // The fence counter too: an untaken grant passes on, and the next grant takes a
-            // token.
             let args = vec![
                 Value::from(owner.id_str().clone()),
                 Value::from(prefix.as_str()),
@@ -822,8 +821,9 @@ pub async fn leave_line<C: crate::connection::ScriptConnection>(
             let args = vec![
                 Value::from(owner.id_str().clone()),
                 Value::from(prefix.as_str()),
+                token_arg(known),
             ];
-            (&scripts.rw_leave, script_keys(keys, false).0, args)
+            (&scripts.rw_leave, script_keys(keys, true).0, args)
         }
         LockKind::Plain | LockKind::Fair => {
             let args = vec![
@@ -835,7 +835,7 @@ pub async fn leave_line<C: crate::connection::ScriptConnection>(
             (&scripts.line_leave, line_keys(keys), args)
         }
     };
-    let (_, names) = script_keys(keys, false);
+    let (_, names) = script_keys(keys, true);
     let _: i64 = script
         .call(client, || (list.clone().into(), Value::Array(args.clone())))
         .await

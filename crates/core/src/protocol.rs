@@ -1,8 +1,6 @@
-//! The protocol's words, defined once: the lock hash's special fields, the channel messages and
-//! the read/write lock's turn grace. Rust uses these constants, and the Lua scripts get them filled
+//! The protocol's words, defined once: the lock hash's special fields and the channel
+//! messages. Rust uses these constants, and the Lua scripts get them filled
 //! in when they are built ([`crate::scripts::Scripts::new`]), so the two cannot drift apart.
-
-use std::time::Duration;
 
 /// Hash field holding the fencing token of the grant (`@FENCE@` in the scripts). Fields starting
 /// with `~` are never owners: owner ids start with a uuid.
@@ -19,11 +17,6 @@ pub const GRANTED_FIELD: &str = "~granted";
 /// wakes holding them. Its own try takes such a grant as its own, and a waiter that gave up
 /// before it heard of it hands the permits on when it leaves.
 pub const GRANTED_FIELD_PREFIX: &str = "~granted:";
-
-/// Prefix of the hash field that reserves a released read/write lock for the turn of the
-/// writer first in line (`~turn:<owner id>`, `@TURN@` in the scripts). While reserved it is the
-/// hash's only field besides the kind.
-pub const TURN_FIELD_PREFIX: &str = "~turn:";
 
 /// Hash field of a lock whose last hold was handed to nobody by `unlock_after` (`@EXPIRING@`):
 /// the lock stays until its tail runs out.
@@ -70,23 +63,20 @@ pub const FREE_PAYLOAD: &str = "*";
 /// (`@GRANT@`): `=<fencing token>:<lease ms>:<owner id>`. The waiter wakes holding the grant.
 pub const GRANT_PAYLOAD: &str = "=";
 
-/// How long a released read/write lock stays reserved for the turn of the writer first in line
-/// at least, by default. [`Protocol::turn_grace`] changes it per client.
-pub const DEFAULT_TURN_GRACE: Duration = Duration::from_millis(25);
-
 /// One message on a lock's channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Message<'a> {
     /// Look again: the lock may be free (nobody was in line, or it was force-unlocked or
-    /// settled), or it is this waiter's turn to try.
+    /// settled).
     Free,
-    /// The line granted the lock to this owner, with this fencing token and lease.
+    /// The line granted the lock to this waiter, with this fencing token and lease.
     Granted {
         /// The grant's token.
         fence: u64,
         /// The grant's lease in milliseconds, from the moment the release ran.
         lease_ms: u64,
-        /// The owner granted.
+        /// The field the grant's hold is counted in: the owner id (a semaphore's acquisition
+        /// id), or a read/write lock reader's `~r:<owner id>`.
         owner: &'a str,
     },
 }
@@ -124,12 +114,9 @@ impl<'a> Message<'a> {
     }
 }
 
-/// The timing of the turn protocol. Every client of one deployment should use the same values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How the scripts publish. Every client of one deployment should use the same values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Protocol {
-    /// How long a release reserves a read/write lock for the next writer's turn at least; see
-    /// [`DEFAULT_TURN_GRACE`].
-    pub turn_grace: Duration,
     /// Release messages go over sharded pub/sub (`SPUBLISH`; waiters `SSUBSCRIBE`): on Redis
     /// Cluster 7+, so that a message reaches only the nodes of the lock's shard. Otherwise
     /// `PUBLISH`, which a cluster sends to every node.
@@ -138,16 +125,6 @@ pub struct Protocol {
     /// channel rights), and its waiters wake by timer. Every `PUBLISH` call of a script is then
     /// a no-op (`select(1, channel, message)`), so that one script text serves both.
     pub silent: bool,
-}
-
-impl Default for Protocol {
-    fn default() -> Self {
-        Protocol {
-            turn_grace: DEFAULT_TURN_GRACE,
-            sharded: false,
-            silent: false,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! The Lua scripts: one per state change, each in its own `.lua` file beside this one.
 //!
-//! The files name the protocol's words as placeholders (`@FENCE@`, `@GRANTED@`, `@TURN@`,
-//! `@EXPIRING@`, `@FREE@`, `@GRANT@`, `@GRACE_MS@`, `@PUBLISH@`) and the shared pieces they inline (`@NEXT_FENCE@`,
-//! `@JOIN_LINE@`, `@KEEP_PLACE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@RW_COMMON@`, `@SEM_COMMON@`); [`Scripts::new`] fills them in from
-//! [`crate::protocol`] when a client is built, so Rust and Lua share one definition and a test
-//! can lengthen the read/write lock's turn grace.
+//! The files name the protocol's words as placeholders (`@FENCE@`, `@GRANTED@`, `@EXPIRING@`,
+//! `@FREE@`, `@GRANT@`, `@PUBLISH@`) and the shared pieces they inline (`@NEXT_FENCE@`,
+//! `@JOIN_LINE@`, `@KEEP_PLACE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@RW_COMMON@`,
+//! `@SEM_COMMON@`); [`Scripts::new`] fills them in from [`crate::protocol`] when a client is
+//! built, so Rust and Lua share one definition.
 //!
 //! Every script is sent with EVALSHA; when Redis answers NOSCRIPT (after a restart, a failover
 //! or SCRIPT FLUSH) it is loaded with SCRIPT LOAD and sent again. NOSCRIPT means the script did
@@ -27,7 +27,7 @@ use crate::error::{classify, Class};
 use crate::protocol::{
     Protocol, EXPIRING_FIELD, FENCE_FIELD, FREE_PAYLOAD, GRANTED_FIELD, GRANT_PAYLOAD, KIND_FIELD,
     LATCH_FIELD, MODE_FIELD, PERMITS_FIELD, READ_FENCE_FIELD_PREFIX, READ_FIELD_PREFIX,
-    ROUND_FIELD, TURN_FIELD_PREFIX, USED_FIELD, WRITER_FIELD,
+    ROUND_FIELD, USED_FIELD, WRITER_FIELD,
 };
 
 /// A Lua script with its SHA1.
@@ -165,16 +165,15 @@ const MAX_NOT_RUN_PAUSE: Duration = Duration::from_millis(50);
 
 /// Replaces the protocol placeholders of a script file.
 fn fill(template: &str, protocol: &Protocol) -> String {
-    let grace_ms = protocol.turn_grace.as_millis().max(1).to_string();
     // The hand-on pieces first: they name the fence piece themselves.
     let mut lua = template
         .replace("@HAND_ON@", files::LINE_HAND_ON)
         .replace("@SEM_COMMON@", files::SEM_COMMON)
+        .replace("@RW_COMMON@", files::RW_COMMON)
         .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@JOIN_LINE@", files::JOIN_LINE)
         .replace("@KEEP_PLACE@", files::KEEP_PLACE)
         .replace("@RELEASE_HOLD@", files::RELEASE_HOLD)
-        .replace("@RW_COMMON@", files::RW_COMMON)
         .replace("@PERMITS@", PERMITS_FIELD)
         .replace("@USED@", USED_FIELD)
         .replace("@LATCH@", LATCH_FIELD)
@@ -186,11 +185,9 @@ fn fill(template: &str, protocol: &Protocol) -> String {
         .replace("@WRITER@", WRITER_FIELD)
         .replace("@FENCE@", FENCE_FIELD)
         .replace("@GRANTED@", GRANTED_FIELD)
-        .replace("@TURN@", TURN_FIELD_PREFIX)
         .replace("@EXPIRING@", EXPIRING_FIELD)
         .replace("@FREE@", FREE_PAYLOAD)
-        .replace("@GRANT@", GRANT_PAYLOAD)
-        .replace("@GRACE_MS@", &grace_ms);
+        .replace("@GRANT@", GRANT_PAYLOAD);
     if protocol.silent {
         // Evaluates the channel and message as the call would, and sends nothing.
         lua = lua.replace("redis.call('@PUBLISH@',", "select(1,");
@@ -367,23 +364,16 @@ impl Scripts {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
     fn protocol_words_are_filled_in() {
-        let scripts = Scripts::new(Protocol {
-            turn_grace: Duration::from_millis(1234),
-            ..Protocol::default()
-        });
+        let scripts = Scripts::new(Protocol::default());
         for script in scripts.all() {
             assert!(!script.lua().contains('@'), "{}", script.lua());
         }
-        assert!(scripts.rw_release.lua().contains("1234)"));
         assert!(scripts.acquire.lua().contains("'~fence'"));
         let default = Scripts::for_protocol(Protocol::default());
-        assert_ne!(default.rw_release.sha1(), scripts.rw_release.sha1());
         assert!(Arc::ptr_eq(
             &default,
             &Scripts::for_protocol(Protocol::default())

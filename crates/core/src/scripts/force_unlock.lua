@@ -8,14 +8,14 @@
 --          waiters asked for  P:{N}:wants
 -- ARGV[1]  release channel  P:{N}:released
 -- ARGV[2]  waiter channel prefix  P:{N}:released:
--- ARGV[3]  'rw' when the caller knows it is a read/write lock (a lock only reserved for a
---          writer's turn has no '@MODE@' field to tell), 'o' for a fair lock (its waiters hear
+-- ARGV[3]  'rw' when the caller knows it is a read/write lock (a hash without '@KIND@' is a
+--          lock's), 'o' for a fair lock (its waiters hear
 --          on their owner's channel), 'c' for a plain lock (on their client's), '' for a lock
 --          of either kind (a plain and a fair lock keep the same keys: both are told)
 --
 -- Replies: 1 a lock was removed (and '@FREE@' published on the release channel; a lock's first
--- live waiter is granted it, as by a release; a read/write lock's head of the line is told,
--- every hold of it removed); 0 there was none.
+-- live waiter is granted it, as by a release; every hold of a read/write lock is removed and
+-- the head of its line granted, as by a release); 0 there was none.
 -- error 'WRONGTYPE 1 ...' the key holds another type (it is not ours to delete); 'WRONGKIND
 -- <kind> lock' the name is a semaphore's or a latch's (left alone).
 local kind = redis.call('TYPE', KEYS[1])['ok']
@@ -40,15 +40,26 @@ local line = redis.call('TYPE', KEYS[3])['ok'] == 'zset'
   and redis.call('TYPE', KEYS[4])['ok'] == 'zset'
 if read_write then
   @RW_COMMON@
-  -- Every hold goes: the leases at once, the hash last (`finish`), unless a turn reserved for
-  -- the writer first in line replaces its fields (rw/common.lua says why).
+  -- Every hold goes and the head of the line is granted the lock, as by a release: the holds'
+  -- fields first, then the grants, then the old holds' leases (a leases zset this script
+  -- emptied could not be written while the slot migrates: rw/common.lua), the hash last
+  -- (`finish`) when nobody was granted.
+  local old = {}
   if redis.call('TYPE', KEYS[5])['ok'] == 'zset' then
-    redis.call('DEL', KEYS[5])
+    old = redis.call('ZRANGE', KEYS[5], 0, -1)
+  else
     gone[5] = true
+  end
+  for _, member in ipairs(old) do
+    drop_hold_fields(member)
   end
   spent = true
   if line then
-    hand_on(false)
+    hand_on(false, #old)
+  end
+  zrem(5, old)
+  if keep_until_latest() then
+    fix_mode()
   end
   return finish(1)
 end

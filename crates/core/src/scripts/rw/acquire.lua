@@ -10,6 +10,12 @@
 -- ARGV[5]     waiter channel prefix  P:{N}:released:
 -- ARGV[6]     entry lifetime in milliseconds (the watchdog lease)
 -- ARGV[7]     'read' or 'write'
+-- ARGV[8]     'f' for a fixed lease, '' for a watched one (the line grants a watched lease: a
+--             waiter with a fixed one takes its grant with a try, which gives it that lease)
+--
+-- A release grants the waiters at the head (rw/common.lua's hand_on): a waiter's try that
+-- finds such a grant for its owner on its side takes it as its own (a new token, the lease
+-- it asks for).
 --
 -- The policy: one line in arrival order for readers and writers. A writer enters when nobody
 -- holds the lock and it is first in line; a reader enters while no writer holds it and no
@@ -20,7 +26,9 @@
 --
 -- Replies, as the plain acquire's: a new grant's token; {hold_count, token} for a re-entry;
 -- {0, pttl} when busy, pttl bounding how long that stays so without a message to this waiter;
--- a waiter's try adds its place in the line ({0, pttl, place}, as the fair acquire's).
+-- a waiter's try adds its place in the line, its rank and a fresh fencing token ({0, pttl,
+-- place, rank, token}: a grant message with a larger token was made after this try; see
+-- sem/acquire.lua).
 -- Errors: 'WRONGTYPE <i> ...'; 'UPGRADE ...' for a reader asking for the write lock.
 
 local t = redis.call('TIME')
@@ -49,6 +57,20 @@ local function extend()
   keep_until_latest()
 end
 
+-- A grant the line made to this waiter is taken as its own: a new token, and the lease it asks
+-- for. (Its hold is in the leases zset: no script emptied it.)
+local mark = granted_mark(count_field)
+if mode == 'w' and redis.call('HEXISTS', KEYS[1], mark) == 1
+    and redis.call('HEXISTS', KEYS[1], count_field) == 1 then
+  local fence = next_fence()
+  redis.call('HSET', KEYS[1], fence_field, fence)
+  redis.call('HDEL', KEYS[1], mark)
+  zrem(3, {owner})
+  zrem(4, {owner})
+  extend()
+  return finish(fence)
+end
+
 if mode == 'r' then
   local fields = redis.call('HMGET', KEYS[1], count_field, fence_field)
   if fields[1] and fields[2] == ARGV[4]
@@ -67,10 +89,7 @@ if not reading and writer ~= owner and redis.call('HEXISTS', KEYS[1], READ .. ow
   return finish(redis.error_reply(
     'UPGRADE the owner holds a read lock: it cannot wait for the write lock'))
 end
--- With no hold, a hash is a reservation; a spent one (its last hold went above) is none.
 local held = has_members(5)
-local reserved_for_me = not held and redis.call('HEXISTS', KEYS[1], '@TURN@' .. owner) == 1
-local reserved = not held and not spent and redis.call('EXISTS', KEYS[1]) == 1
 
 -- Is anyone in line before this owner that it must let go first? A writer lets everyone before
 -- it go; a reader, only writers.
@@ -101,16 +120,14 @@ end
 
 local may
 if reading then
-  -- A writer's own read (downgrade), or no writer holds nor is reserved and none waits before.
-  may = writer == owner
-    or (not writer and not (reserved and not reserved_for_me) and not someone_before())
+  -- A writer's own read (downgrade), or no writer holds and none waits before.
+  may = writer == owner or (not writer and not someone_before())
   -- (A read hold of this owner that the client never saw is replaced below, as an orphan.)
 else
-  -- Nobody else holds it (this owner's unseen grant is replaced), and it is this owner's turn:
-  -- reserved for it, or nobody waits before it.
+  -- Nobody else holds it (this owner's unseen grant is replaced), and nobody waits before it.
   local others = held and not (writer == owner and redis.call('ZCARD', KEYS[5]) ==
     1 + redis.call('HEXISTS', KEYS[1], READ .. owner))
-  may = not others and (reserved_for_me or (not reserved and not someone_before()))
+  may = not others and not someone_before()
 end
 
 -- A non-reentrant handle's try (ARGV[4] 'n') never replaces a hold of its owner on this side as
@@ -125,7 +142,7 @@ if may then
   -- leases zset this script emptied (its last lease ran out just now) cannot be written again
   -- while the slot migrates (rw/common.lua), and that stops the script there, before the grant
   -- changed anything else.
-  @NEXT_FENCE@
+  local fence = next_fence()
   redis.call('ZADD', KEYS[5], now_ms + lease, count_field)
   gone[5] = false
   zrem(3, {owner})
@@ -136,8 +153,10 @@ if may then
     fields[#fields + 1] = owner
   end
   redis.call('HSET', KEYS[1], unpack(fields))
+  -- (An orphan of this owner replaced: a mark of the line's grant it may carry goes.)
+  redis.call('HDEL', KEYS[1], mark)
   if not held then
-    -- A reservation taken, or a spent hash: its old fields go, the key stays (rw/common.lua).
+    -- A spent hash: its old fields go, the key stays (rw/common.lua).
     local kept = {['@MODE@'] = true}
     for i = 1, #fields, 2 do
       kept[fields[i]] = true
@@ -150,8 +169,8 @@ if may then
   return fence
 end
 
-if not held and not reserved then
-  -- Free, but others were first: tell them (again, if a message was lost).
+if not held then
+  -- Free, but others were first: they are granted (a waiter ahead gave up, or its hold lapsed).
   hand_on(owner)
 end
 
@@ -163,7 +182,7 @@ if mode == 'w' then
 end
 
 -- How long this stays so at most without a message to this waiter: until the first hold's
--- lease or the reservation ends, or the first waiter's entry would lapse (a dead waiter ahead).
+-- lease ends, or the first waiter's entry would lapse (a dead waiter ahead).
 -- A spent hash is deleted below: -2, as for no hash.
 local bound = spent and -2 or redis.call('PTTL', KEYS[1])
 local first_hold = not gone[5] and redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2]
@@ -176,6 +195,6 @@ if first_entry and (bound < 0 or tonumber(first_entry) - now_ms < bound) then
 end
 if mode == 'w' then
   return finish({0, math.max(bound, 1), redis.call('ZSCORE', KEYS[3], owner),
-    redis.call('ZRANK', KEYS[3], owner)})
+    redis.call('ZRANK', KEYS[3], owner), next_fence()})
 end
 return finish({0, math.max(bound, 1)})

@@ -6,8 +6,10 @@
 --                             owner id, <owner id> -> its hold count, '@FENCE@' -> its token;
 --                             per reader: '@READ@<owner>' -> read hold count and
 --                             '@READ_FENCE@<owner>' -> that read grant's token. A writer may
---                             hold reads too (downgrade). With no holds: '@TURN@<owner>' while
---                             reserved for a waiting writer's turn, or no key.
+--                             hold reads too (downgrade). A hold the line granted (a release
+--                             handed it to a waiter) is marked until the waiter's own try takes
+--                             it: '@GRANTED@' beside a writer's, '@GRANTED@:@READ@<owner>'
+--                             beside a reader's.
 -- KEYS[2]  fence counter      P:{T}:fence (as the plain lock's)
 -- KEYS[3]  waiters            P:{N}:waiters        owner -> arrival * 2 + 1 for a writer, + 0
 --                                                  for a reader (arrival: server microseconds)
@@ -16,16 +18,16 @@
 --                                                  -> that hold's deadline (server ms): every
 --                                                  hold has its own lease; the hash and this
 --                                                  zset live as long as the latest one.
--- Needs `now_ms` (server time) and `prefix` (the waiter channel prefix P:{N}:released:).
+-- Needs `t` (server TIME), `now_ms` (server time in ms) and `prefix` (the waiter channel
+-- prefix P:{N}:released:).
 --
 -- While the slot migrates (Redis Cluster), Redis stops a script half-way ("non local key") at
 -- the first command that names a key the script itself emptied: a zset whose last member it
 -- removed, a hash it deleted. So the helpers note the zsets they empty (`gone`) and name them
--- no more, and the hash is not deleted when its last hold goes: it is `spent`, a turn reserved
--- or a hold granted in it later replaces its fields in place, and otherwise `finish` deletes
--- it as the script's last command on that key. (A script that writes a zset it emptied, a
--- waiter joining a line that dropping dead entries emptied, is still stopped there: before its
--- own changes.)
+-- no more, and the hash is not deleted when its last hold goes: it is `spent`, a hold granted
+-- in it later replaces its fields in place, and otherwise `finish` deletes it as the script's
+-- last command on that key. (A script that writes a zset it emptied, a waiter joining a line
+-- that dropping dead entries emptied, is still stopped there: before its own changes.)
 
 local READ = '@READ@'
 
@@ -86,14 +88,20 @@ local function keep_until_latest()
   return true
 end
 
--- Drops one hold's fields and its lease (a member of KEYS[5]).
-local function drop_hold(member)
+-- Drops one hold's fields (its mark too, for a grant of the line never taken), but not its
+-- lease: see drop_hold.
+local function drop_hold_fields(member)
   if string.sub(member, 1, #READ) == READ then
     local owner = string.sub(member, #READ + 1)
-    redis.call('HDEL', KEYS[1], member, '@READ_FENCE@' .. owner)
+    redis.call('HDEL', KEYS[1], member, '@READ_FENCE@' .. owner, '@GRANTED@:' .. member)
   else
-    redis.call('HDEL', KEYS[1], member, '@FENCE@', '@WRITER@')
+    redis.call('HDEL', KEYS[1], member, '@FENCE@', '@WRITER@', '@GRANTED@')
   end
+end
+
+-- Drops one hold's fields and its lease (a member of KEYS[5]).
+local function drop_hold(member)
+  drop_hold_fields(member)
   zrem(5, {member})
 end
 
@@ -132,46 +140,100 @@ local function is_writer(score)
   return tonumber(score) % 2 == 1
 end
 
--- Tells the waiters at the head of the line that they may go, after a change (a release, a
--- waiter leaving): while no writer holds, the readers before the first waiting writer are told
--- all at once; with no hold at all and a writer first in line, the lock is reserved for that
--- writer (until its entry would lapse, at least the turn grace) and only it is told. Each is
--- told on its own channel, however many there are (read 100 at a time). `except`: an owner
--- not to tell (it is being granted), or false.
-local function hand_on(except)
-  local held = has_members(5)
-  if (held and redis.call('HGET', KEYS[1], '@MODE@') == 'w') or gone[3] then
+-- The mark of a hold the line granted: beside a writer's hold, or a reader's (`count_field`).
+local function granted_mark(count_field)
+  if string.sub(count_field, 1, #READ) == READ then
+    return '@GRANTED@:' .. count_field
+  end
+  return '@GRANTED@'
+end
+
+-- The next fencing token. (The fence piece's error reply for a counter of another type cannot
+-- come here: wrong_type() refused that before anything was written.)
+local function next_fence()
+  @NEXT_FENCE@
+  return fence
+end
+
+-- Grants the waiter `who` its read or write hold, as a release grants a lock's head
+-- (line/hand_on.lua): a new token, the mark, and a lease until its entry would have lapsed (a
+-- waiter that died meanwhile holds it no longer than its entry would have held its place; one
+-- that asked for a fixed lease takes the grant with a try, which gives it that lease). Only it
+-- is told, on its own channel: '@GRANT@<token>:<lease ms>:<field>', the field its hold is
+-- counted in (its owner id for the write side, '@READ@<owner>' for the read side).
+local function grant(who, reading)
+  local until_ms = not gone[4] and redis.call('ZSCORE', KEYS[4], who)
+  local lease = math.max(tonumber(until_ms or now_ms) - now_ms, 1)
+  local fence = next_fence()
+  local count_field = reading and (READ .. who) or who
+  redis.call('ZADD', KEYS[5], now_ms + lease, count_field)
+  local fields = {count_field, '1', granted_mark(count_field), '1', '@KIND@', 'rw'}
+  if reading then
+    fields[#fields + 1] = '@READ_FENCE@' .. who
+    fields[#fields + 1] = fence
+  else
+    for _, field in ipairs({'@FENCE@', fence, '@WRITER@', who}) do
+      fields[#fields + 1] = field
+    end
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
+  spent = false
+  redis.call('@PUBLISH@', prefix .. who, '@GRANT@' .. fence .. ':' .. lease .. ':' .. count_field)
+end
+
+-- Grants the waiters at the head of the line what they wait for, after a change (a release, a
+-- waiter leaving, a try that found it free): while no writer holds, the readers before the
+-- first waiting writer are granted all at once; with no hold at all and a writer first in
+-- line, that writer. Each is told on its own channel, however many there are (read 100 at a
+-- time), and leaves the line. `except`: an owner not to grant (the caller), or false;
+-- `releasing`: how many members of KEYS[5] the caller takes out after this, holds it gives up
+-- (their fields are gone already; their leases go after the grants are written, so that the
+-- leases zset is never emptied and written again), or nil for none.
+--
+-- When this script emptied the leases zset itself (every hold lapsed, or a force unlock), no
+-- grant can be written there while the slot migrates: the head waiters are told to look
+-- again ('@FREE@') instead, and their own tries take the lock.
+local function hand_on(except, releasing)
+  -- (With the leases zset gone, no hold is left, whatever fields the hash still has.)
+  if gone[3] or (not gone[5] and redis.call('HEXISTS', KEYS[1], '@WRITER@') == 1) then
     return
   end
+  local held = not gone[5] and redis.call('ZCARD', KEYS[5]) > (releasing or 0)
+  local granted = {}
   local from = 0
   while true do
     local line = redis.call('ZRANGE', KEYS[3], from, from + 99, 'WITHSCORES')
+    local stop = #line < 200
     for i = 1, #line, 2 do
       local who = line[i]
-      if is_writer(line[i + 1]) then
-        if from == 0 and i == 1 and not held and who ~= except then
-          local until_ms = now_ms
-          if not gone[4] then
-            until_ms = tonumber(redis.call('ZSCORE', KEYS[4], who) or now_ms)
-          end
-          -- The turn replaces whatever the hash held, in place.
-          local turn = '@TURN@' .. who
-          redis.call('HSET', KEYS[1], turn, '0', '@KIND@', 'rw')
-          keep_only({[turn] = true, ['@KIND@'] = true})
-          redis.call('PEXPIRE', KEYS[1], math.max(until_ms - now_ms, @GRACE_MS@))
-          spent = false
-          redis.call('@PUBLISH@', prefix .. who, '@FREE@')
-        end
-        return
+      local reading = not is_writer(line[i + 1])
+      if not reading and (from > 0 or i > 1 or held) then
+        stop = true
+        break
       end
       if who ~= except then
-        redis.call('@PUBLISH@', prefix .. who, '@FREE@')
+        if gone[5] then
+          redis.call('@PUBLISH@', prefix .. who, '@FREE@')
+        else
+          grant(who, reading)
+          granted[#granted + 1] = who
+        end
       end
+      if not reading then
+        stop = true
+        break
+      end
+      held = true
     end
-    if #line < 200 then
-      return
+    if stop then
+      break
     end
     from = from + 100
+  end
+  zrem(3, granted)
+  zrem(4, granted)
+  if #granted > 0 then
+    fix_mode()
   end
 end
 
@@ -179,8 +241,8 @@ end
 -- lock ('WRONGKIND <kind> rw': its hash is not marked '@KIND@' = 'rw'); nil when all is fine.
 -- Every read/write lock hash carries the marker: the grants and the reservations write it.
 local function wrong_type()
-  local want = {'hash', nil, 'zset', 'zset', 'zset'}
-  for _, i in ipairs({1, 3, 4, 5}) do
+  local want = {'hash', 'string', 'zset', 'zset', 'zset'}
+  for i = 1, 5 do
     local kind = redis.call('TYPE', KEYS[i])['ok']
     if kind ~= 'none' and kind ~= want[i] then
       return redis.error_reply('WRONGTYPE ' .. i .. ' a read/write lock key holds another type')

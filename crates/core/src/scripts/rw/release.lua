@@ -1,5 +1,5 @@
 -- Release one read or write hold of a read/write lock, or settle a command whose reply never
--- came; when that changes who may enter, the head of the line is told (rw/common.lua hand_on).
+-- came; when that lets someone in, the head of the line is granted it (rw/common.lua hand_on).
 --
 -- KEYS[1..5]  as in rw/common.lua
 -- ARGV[1]     owner id
@@ -9,10 +9,13 @@
 -- ARGV[5]     'read' or 'write'
 -- ARGV[6]     when settling a waiter's try: its place in line ('' for none; keep_place.lua)
 -- ARGV[7]     with ARGV[6]: its entry's lifetime in milliseconds
+-- ARGV[8]     with ARGV[4]: 'a' when the command settled was an acquire (a waiter's try)
 --
 -- Replies as release.lua's: remaining >= 0 released; -1 not held under that token (or its
 -- lease ended: the hold is gone even while the hash lives on for another hold); -2 settling
--- found another count. Errors 'WRONGTYPE <i> ...', 'WRONGKIND <kind> rw'.
+-- found another count, or an acquire's settle found a hold the line granted (not the
+-- acquire's doing: the waiter takes it, or hands it on when it leaves). Errors
+-- 'WRONGTYPE <i> ...', 'WRONGKIND <kind> rw'.
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -48,21 +51,31 @@ end
 if ARGV[4] ~= '' and count ~= ARGV[4] then
   return refuse(-2)
 end
+if ARGV[4] ~= '' and ARGV[8] == 'a'
+    and redis.call('HEXISTS', KEYS[1], granted_mark(count_field)) == 1 then
+  return refuse(-2)
+end
 if count ~= '1' then
   return finish(redis.call('HINCRBY', KEYS[1], count_field, -1))
-end
-drop_hold(count_field)
-if keep_until_latest() then
-  fix_mode()
 end
 local place, place_life = ARGV[6], tonumber(ARGV[7])
 if place == '' then
   place = nil
 end
-@KEEP_PLACE@
 if place then
+  -- A settle that takes a waiter's grant back puts the waiter where it stood in line, and the
+  -- hand-on may grant it again (under the same fields: so its hold goes first).
+  drop_hold(count_field)
+  @KEEP_PLACE@
   gone[3], gone[4] = false, false
+  hand_on(false)
+else
+  -- The grants first, the released hold's lease last (rw/common.lua's hand_on says why).
+  drop_hold_fields(count_field)
+  hand_on(false, 1)
+  zrem(5, {count_field})
 end
-prune()
-hand_on(false)
+if keep_until_latest() then
+  fix_mode()
+end
 return finish(0)

@@ -20,9 +20,10 @@
 --
 -- Replies: the grant's fencing token; {0, bound} when not granted (bound: how long this stays
 -- so at most without a message to this waiter; -1 when nothing bounds it, e.g. a semaphore
--- whose permits were never set); a waiter's try adds its place in the line, its rank and the
--- slot's latest fencing token ({0, bound, place, rank, token}, as the lock's line: a grant
--- message with a larger token was made after this try).
+-- whose permits were never set); a waiter's try adds its place in the line, its rank and a
+-- fresh fencing token ({0, bound, place, rank, token}: a grant message with a larger token was
+-- made after this try; the token is drawn from the counter, which reads it with the command
+-- every grant uses, and rises harmlessly).
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -110,6 +111,6 @@ if bound ~= -1 then
 end
 if mode == 'w' then
   return {0, bound, redis.call('ZSCORE', KEYS[3], id), redis.call('ZRANK', KEYS[3], id),
-    redis.call('GET', KEYS[2]) or '0'}
+    next_fence()}
 end
 return {0, bound}
