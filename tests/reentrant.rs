@@ -525,6 +525,54 @@ async fn an_acquire_whose_reply_was_lost_is_rolled_back() {
     guard.unlock().await.unwrap();
 }
 
+/// A waiter that took its grant from the release's message (no try: the grant's mark is still
+/// in Redis) re-enters, and the re-entry's reply is lost. Its settle takes the re-entry back,
+/// though the hold carries the mark of a grant the line made: the settle of a re-entry names
+/// its grant, which the client holds. Before, the settle left it, the hold count stayed one
+/// too high, and the lock stayed held after the last `unlock()` until its lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reentry_of_a_grant_taken_from_its_message_is_settled_when_its_reply_is_lost() {
+    let redis = server();
+    let name = "reentry-of-a-heard-grant";
+    let holder = client(&redis.url()).await;
+    let held = holder.lock(name).unwrap();
+    let guard = held.lock().await.unwrap();
+    let (proxy, slow) = common::slow_client(&redis).await;
+    let waiter = {
+        let lock = slow.lock(name).unwrap();
+        tokio::spawn(async move { lock.lock().await.map(|g| g.detach()) })
+    };
+    common::until_queued(&redis, &format!("leasehold:{{{name}}}:waiters"), 1).await;
+    guard.unlock().await.unwrap();
+    let outer = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter is granted")
+        .unwrap()
+        .unwrap();
+    let hash = format!("leasehold:{{{name}}}");
+    assert_eq!(
+        hget(&redis, &hash, leasehold_core::protocol::GRANTED_FIELD),
+        Some(1),
+        "taken from its message: the mark is still there"
+    );
+    {
+        let again = outer.reentrant();
+        proxy.set_latency(common::LATE_REPLY);
+        let lost = again.try_lock().await;
+        assert!(
+            lost.as_ref().is_err_and(LockError::is_transient),
+            "{lost:?}"
+        );
+        proxy.set_latency(Duration::ZERO);
+    }
+    outer.unlock().await.unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(10), || !exists(&redis, &hash)).await,
+        "the lock is free after the last unlock: {:?}",
+        common::cmd(&redis, &["HGETALL", &hash])
+    );
+}
+
 /// Tokens stay exact and distinct over the counter's whole range: a counter written past 2^53
 /// (a server clock far ahead, or a value set from outside) keeps handing out consecutive
 /// tokens, not doubles that repeat; at the ceiling (2^63 - 1) the counter counts as lost, as

@@ -19,8 +19,8 @@
 -- ARGV[6]  with ARGV[5]: its entry's lifetime in milliseconds
 -- ARGV[7]  'o' when waiters hear on their owner's channel (the fair lock); absent or '' on
 --          their client's (the plain lock)
--- ARGV[8]  with ARGV[4]: 'a' when the command settled was an acquire (a waiter's try), ''
---          for a release
+-- ARGV[8]  with ARGV[4]: 'a' when the command settled was an acquire (a waiter's try, or a
+--          re-entry: then ARGV[3] names its grant), '' for a release
 --
 -- Replies (a bare integer: no reply table to build on either side):
 --   remaining >= 0  one hold released; 0 means the last hold is gone: the first live waiter

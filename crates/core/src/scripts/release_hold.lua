@@ -27,10 +27,13 @@ do
     if count ~= ARGV[4] then
       return -2
     end
-    -- Settling an acquire (ARGV[8] 'a'): a grant the line made (a release handed the lock to
-    -- this waiter while its try was unanswered) is not the try's doing, whose own grants are
-    -- never marked. It stays: the waiter takes it, or hands it on when it leaves.
-    if ARGV[8] == 'a' and redis.call('HEXISTS', KEYS[1], '@GRANTED@') == 1 then
+    -- Settling a fresh acquire (ARGV[8] 'a', no token: not a re-entry, whose grant the client
+    -- holds, maybe taken from its message with the mark still on): a grant the line made (a
+    -- release handed the lock to this waiter while its try was unanswered) is not the try's
+    -- doing, whose own grants are never marked. It stays: the waiter takes it, or hands it on
+    -- when it leaves.
+    if ARGV[8] == 'a' and (ARGV[3] or '') == ''
+        and redis.call('HEXISTS', KEYS[1], '@GRANTED@') == 1 then
       return -2
     end
   end

@@ -51,7 +51,9 @@ end
 if ARGV[4] ~= '' and count ~= ARGV[4] then
   return refuse(-2)
 end
-if ARGV[4] ~= '' and ARGV[8] == 'a'
+-- (A fresh acquire's settle, without a token: a re-entry's grant is the client's, maybe taken
+-- from its message with the mark still on.)
+if ARGV[4] ~= '' and ARGV[8] == 'a' and ARGV[3] == ''
     and redis.call('HEXISTS', KEYS[1], granted_mark(count_field)) == 1 then
   return refuse(-2)
 end

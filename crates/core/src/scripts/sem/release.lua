@@ -33,7 +33,8 @@ end
 if ARGV[3] ~= '' and fields[2] ~= ARGV[3] then
   return -1
 end
-if ARGV[4] ~= '' and ARGV[7] == 'a' and redis.call('HEXISTS', KEYS[1], GRANTED .. id) == 1 then
+if ARGV[4] ~= '' and ARGV[7] == 'a' and ARGV[3] == ''
+    and redis.call('HEXISTS', KEYS[1], GRANTED .. id) == 1 then
   return -2
 end
 local wanted = tonumber(fields[1])
