@@ -6,8 +6,8 @@
 //! timer instead of a message: after each busy answer the waiter sleeps a capped exponential
 //! backoff with jitter, never past the holder's remaining lease (the busy answer's bound), and
 //! tries again. Everything else is as with messages: a fair lock's, a read/write lock's and a
-//! semaphore's waiters keep their place in the line in Redis (a release reserves the lock for
-//! the head, which takes it at its next look), timeouts, cancel safety and the watchdog. A plain
+//! semaphore's waiters keep their place in the line in Redis (a release grants the head, which
+//! takes the grant at its next look), timeouts, cancel safety and the watchdog. A plain
 //! lock's waiters compete at each look, as any poller's do: its per-client turns need messages.
 //!
 //! The cost is the wake delay: a waiter hears of a release only at its next look, up to the
@@ -150,8 +150,8 @@ impl WakingState {
 ///
 /// A waiter in a line of its own in Redis (fair lock, read/write lock, semaphore) also knows
 /// how many wait before it. Each time that number drops the line moved: the doubling starts
-/// over (the head, or a waiter about to be it, looks soon again: a release reserves the lock
-/// for the head, which takes it only at its next look), and the time the line takes to move
+/// over (the head, or a waiter about to be it, looks soon again: a release grants the head,
+/// which takes the grant only at its next look), and the time the line takes to move
 /// one place is learnt. A waiter further back need not look before the line could have
 /// reached it: its delay is at least half its rank times that time, never above the cap.
 #[derive(Debug)]

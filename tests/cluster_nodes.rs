@@ -1623,6 +1623,35 @@ async fn a_read_write_waiter_giving_up_leaves_whole_while_its_slot_migrates() {
     read.unlock().await.unwrap();
 }
 
+/// Waits until a semaphore's waiter is subscribed on `node` (`PUBSUB SHARDCHANNELS` under the
+/// name's waiter channels) and has sent its try after subscribing (the engine tries again once
+/// its channel is subscribed): `calls` script calls on `node` since `before`. From then on a
+/// release's grant reaches it by message. (A waiter whose message was lost takes its grant by
+/// a try, which a migrating slot refuses with TRYAGAIN while the line's keys are gone, until the
+/// migration ends: not what these tests are about.)
+async fn until_subscribed_after_tries(
+    cluster: &RedisCluster,
+    node: usize,
+    keys: &LockKeys,
+    before: u64,
+    calls: u64,
+) {
+    let pattern = format!("{}:*", keys.released());
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let channels = cluster
+                .node(node)
+                .command(&["PUBSUB", "SHARDCHANNELS", &pattern])
+                .unwrap();
+            let subscribed = channels.as_array().is_some_and(|c| !c.is_empty());
+            let tried = cluster.node(node).command_calls("evalsha").unwrap() >= before + calls;
+            subscribed && tried
+        })
+        .await,
+        "the waiter is subscribed and tried again"
+    );
+}
+
 /// A semaphore's waiter is granted its permit while the semaphore's slot is migrating, with
 /// permits left over after its grant: the acquire script runs whole (it tells the next in line,
 /// of whom there is none) and the waiter has its permit before the migration ends.
@@ -1644,6 +1673,7 @@ async fn a_semaphore_waiter_granted_with_permits_left_runs_whole_while_its_slot_
     assert!(semaphore.try_set_permits(3).await.unwrap());
     let one = semaphore.acquire(1).await.unwrap();
     let two = semaphore.acquire(2).await.unwrap();
+    let before = cluster.node(from).command_calls("evalsha").unwrap();
     let waiter = {
         let semaphore = b.semaphore(name).unwrap();
         tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_secs(60)).await })
@@ -1658,6 +1688,7 @@ async fn a_semaphore_waiter_granted_with_permits_left_runs_whole_while_its_slot_
         .await,
         "the waiter is in line"
     );
+    until_subscribed_after_tries(&cluster, from, &keys, before, 2).await;
     let errors = err_replies(&cluster, from);
     let migration = cluster.begin_slot_migration(slot, to).unwrap();
     two.release().await.expect("the release ran whole");
@@ -1691,6 +1722,7 @@ async fn a_semaphore_release_granting_its_last_permit_runs_whole_while_its_slot_
     let from = cluster.owner_of_slot(slot).unwrap();
     assert!(semaphore.try_set_permits(1).await.unwrap());
     let only = semaphore.acquire(1).await.unwrap();
+    let before = cluster.node(from).command_calls("evalsha").unwrap();
     let waiter = {
         let semaphore = b.semaphore(name).unwrap();
         tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_secs(60)).await })
@@ -1705,6 +1737,7 @@ async fn a_semaphore_release_granting_its_last_permit_runs_whole_while_its_slot_
         .await,
         "the waiter is in line"
     );
+    until_subscribed_after_tries(&cluster, from, &keys, before, 2).await;
     let errors = err_replies(&cluster, from);
     let migration = cluster.begin_slot_migration(slot, to).unwrap();
     only.release().await.expect("the release ran whole");

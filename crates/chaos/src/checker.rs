@@ -43,9 +43,8 @@
 //! # Waiters left waiting on a free lock
 //!
 //! A waiting call (`lock()`, `try_lock_for()` and their lease variants) must get a lock within
-//! [`FREE_LOCK_BOUND_US`] (the 25 ms turn grace + 200 ms) of its becoming free ([`FREE_LOCK`]).
-//! "Free" means no hold in Redis; a turn reservation counts as free, since it only makes the
-//! other clients wait out the grace. The rule has three parts.
+//! [`FREE_LOCK_BOUND_US`] (225 ms) of its becoming free ([`FREE_LOCK`]). "Free" means no hold
+//! in Redis. The rule has three parts.
 //!
 //! 1. *Proven free.* Only two things prove a lock free at an instant: an `unlock()` that
 //!    returned Ok for a first hold while no other op of its task was under way on the lock
@@ -2061,11 +2060,11 @@ fn hidden_grants(op: &Op, faults: &[Fault], killed: Option<i64>) -> Vec<(i64, i6
 }
 
 /// When a fair-lock waiter may hold up the line without the history showing it, as windows
-/// like [`hidden_grants`]'s: a fair lock's turn goes to the first live entry in line, whose
-/// client alone is told, and stays reserved for it until its entry would lapse (one lease after
-/// its last renewal), so a waiter that cannot take its turn keeps the others waiting:
-/// - one cut short by SIGKILL: its entry lives on for a lease after the kill, then the turn
-///   grace (still under way at the end: for ever);
+/// like [`hidden_grants`]'s: a release grants a fair lock to the first live entry in line,
+/// whose client alone is told, and the grant lasts until its entry would have lapsed (one lease
+/// after its last renewal), so a waiter that cannot take its grant keeps the others waiting:
+/// - one cut short by SIGKILL: its entry lives on for a lease after the kill (still under way
+///   at the end: for ever);
 /// - while a fault hits its client (a lost wake-up counts too: killing the subscriber
 ///   connections), and until that fault's recovery has passed ([`free_lock_recovery_us`]) and
 ///   then its entry has lapsed; also for a fault that begins just after the call, which can
@@ -3523,7 +3522,7 @@ pub(super) mod tests {
     }
 
     /// a unlocks the fair lock at 1 ms; k, a waiter queued before, was killed at -600 ms (its
-    /// entry stays in line until it lapses, a lease later, and the turn is reserved for it);
+    /// entry stays in line until it lapses, a lease later, and a release grants it the lock);
     /// w, waiting since 0.5 ms, gets the lock at 1.2 s.
     fn killed_in_line(res: u32) -> (Vec<ClientHistory>, Fault) {
         let a = on(res, hold(1, "a", 10, 0, 100, 900, None, 1_000));

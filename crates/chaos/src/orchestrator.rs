@@ -502,10 +502,9 @@ async fn inject(env: &mut Env<'_>, kind: FaultKind, rng: &mut Rng) -> anyhow::Re
         }
     }
     if kind == FaultKind::ClientKill && rng.chance(70) {
-        // Mostly kill a client queued for a turn: its id stays in the queue, so a release
-        // reserves the lock for a turn nobody takes, and the other waiters must not sleep
-        // through it. On a fair lock its entry stays in the line until it lapses: the waiters
-        // behind it are held up by one lease at most, and keep their order.
+        // Mostly kill a client waiting in line: its entry stays until it lapses, so a release
+        // grants the lock to a waiter that never takes it, and the other waiters must not
+        // sleep through it: they are held up by one lease at most, and keep their order.
         let queued = env.queued().await?;
         if !queued.is_empty() {
             client = queued[rng.below(queued.len() as u64) as usize];

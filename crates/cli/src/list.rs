@@ -309,8 +309,7 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// A lock's MODE cell: a read/write lock's mode, `-` for the other locks (and a read/write
-/// lock with no holds, reserved for a writer's turn); a semaphore's permits taken of its
+/// A lock's MODE cell: a read/write lock's mode, `-` for the other locks; a semaphore's permits taken of its
 /// number (`3/5 taken`), a latch's count (`count 2`).
 pub fn mode_cell(lock: &ListedLock) -> String {
     match lock.lock_kind {

@@ -117,8 +117,8 @@ pub async fn run(
             );
         }
     }
-    // A read/write lock is unlocked through its own handle: a lock only reserved for a waiting
-    // writer's turn carries nothing that tells its kind to the script.
+    // A read/write lock is unlocked through its own handle: its script hands it on to its
+    // line's head as a read/write lock's release does.
     let released = state.is_locked()
         && if state.lock_kind == Some(Kind::Rwlock) {
             client.rw_lock(name)?.write().force_unlock().await?

@@ -53,7 +53,7 @@ pub enum Acquire {
         /// The fencing token of the grant this hold belongs to.
         fence: FencingToken,
     },
-    /// Held by another owner (or reserved for another waiter's turn).
+    /// Held by another owner (or granted to another waiter by the line).
     Held {
         /// How long the lock stays so at most without a message to this waiter: the holder's
         /// lease, a reservation's, or a dead waiter's entry ahead (`None`: no TTL).
