@@ -879,11 +879,12 @@ fn server_time_us(redis: &leasehold_testkit::RedisServer) -> u64 {
 
 /// Read/write locks, written in Redis as the library lays them out (raw, for states that are
 /// hard to reach through it at a chosen moment: a lapsed waiter entry, a writer that also
-/// reads, a reservation): write-held with the writer also reading, read-held by two readers,
-/// and reserved for a waiting writer's turn. `inspect` shows the mode, the writer and readers
-/// with their tokens and leases, and the queue with R/W per waiter; `list` and `watch` show the
-/// kind and mode and do not list the auxiliary keys; `unlock --force` removes the lock and its
-/// leases and the head writer gets its turn.
+/// reads, a grant the waiter has not taken yet): write-held with the writer also reading,
+/// read-held by two readers, and granted by a release to the writer that waited first (its
+/// `~granted` mark still there). `inspect` shows the mode, the writer and readers with their
+/// tokens and leases, and the queue with R/W per waiter; `list` and `watch` show the kind and
+/// mode and do not list the auxiliary keys; `unlock --force` removes every hold and grants the
+/// lock to the head writer, as a release would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_list_show_read_write_locks() {
     let redis = start_redis();
@@ -982,20 +983,40 @@ async fn inspect_and_list_show_read_write_locks() {
         &ms(25_000),
         &waiting_writer,
     ]);
-    // Reserved for the waiting writer's turn: no holds, so no mode and no leases.
-    let turn = format!("~turn:{waiting_writer}");
-    run(&["HSET", "leasehold:{handoff}", &turn, "0"]);
+    // Granted by a release to the writer that waited first, not taken yet; a reader waits.
+    run(&[
+        "HSET",
+        "leasehold:{handoff}",
+        "~kind",
+        "rw",
+        "~mode",
+        "w",
+        "~writer",
+        &waiting_writer,
+        &waiting_writer,
+        "1",
+        "~fence",
+        "1005",
+        "~granted",
+        "1",
+    ]);
+    run(&[
+        "ZADD",
+        "leasehold:{handoff}:leases",
+        &ms(20_000),
+        &waiting_writer,
+    ]);
     run(&[
         "ZADD",
         "leasehold:{handoff}:waiters",
-        &w_score,
-        &waiting_writer,
+        &r_score,
+        &waiting_reader,
     ]);
     run(&[
         "ZADD",
         "leasehold:{handoff}:waiters:until",
         &ms(25_000),
-        &waiting_writer,
+        &waiting_reader,
     ]);
     for key in [
         "{doc}",
@@ -1003,6 +1024,7 @@ async fn inspect_and_list_show_read_write_locks() {
         "{report}",
         "{report}:leases",
         "{handoff}",
+        "{handoff}:leases",
     ] {
         run(&["PEXPIRE", &format!("leasehold:{key}"), "20000"]);
     }
@@ -1093,18 +1115,17 @@ async fn inspect_and_list_show_read_write_locks() {
     assert!(text.contains("fence    none (read-held"), "{text}");
     assert!(!text.contains("writer "), "{text}");
 
-    // Reserved for the waiting writer: only the queue's scores say it is a read/write lock.
+    // Granted to the writer by the line: its mark is not a holder.
     let handoff = ok_json(&url, &["inspect", "handoff", "--json"]).await;
     assert_eq!(handoff["lock_kind"], "rwlock");
-    assert_eq!(handoff["mode"], Json::Null);
-    assert_eq!(handoff["holders"][0]["owner"], turn.as_str());
-    assert_eq!(handoff["holders"][0]["role"], Json::Null);
-    assert_eq!(handoff["queue"][0]["wants"], "write");
+    assert_eq!(handoff["mode"], "write");
+    let holders = handoff["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{handoff}");
+    assert_eq!(holders[0]["owner"], waiting_writer.as_str());
+    assert_eq!(holders[0]["role"], "write");
+    assert_eq!(handoff["queue"][0]["wants"], "read");
     let text = ok(&url, &["inspect", "handoff"]).await;
-    assert!(
-        text.contains("reserved for a waiting writer's turn"),
-        "{text}"
-    );
+    assert!(!text.contains("~granted"), "{text}");
 
     // The listing: three locks, none of their zsets.
     let listed = ok_json(&url, &["list", "--json"]).await;
@@ -1126,7 +1147,7 @@ async fn inspect_and_list_show_read_write_locks() {
         summary,
         [
             ("doc", "rwlock", &write, 2),
-            ("handoff", "rwlock", &Json::Null, 1),
+            ("handoff", "rwlock", &write, 1),
             ("report", "rwlock", &read, 1),
         ]
     );
@@ -1139,7 +1160,7 @@ async fn inspect_and_list_show_read_write_locks() {
         "{text}"
     );
     assert_eq!(row(&text, "report")[1..3], ["rwlock", "read"], "{text}");
-    assert_eq!(row(&text, "handoff")[1..3], ["rwlock", "-"], "{text}");
+    assert_eq!(row(&text, "handoff")[1..3], ["rwlock", "write"], "{text}");
     assert!(text.contains("3 locks"), "{text}");
 
     // watch: a read-held lock's token is its newest reader's.
@@ -1164,20 +1185,21 @@ async fn inspect_and_list_show_read_write_locks() {
         )),
         "{text}"
     );
+    // Every hold went, and the writer first in line was granted the lock.
     assert_eq!(
         redis
-            .command(&["EXISTS", "leasehold:{doc}:leases"])
+            .command(&["ZRANGE", "leasehold:{doc}:leases", "0", "-1"])
             .unwrap()
-            .as_int(),
-        Some(0)
+            .as_array()
+            .map(<[_]>::len),
+        Some(1)
     );
-    // The writer first in line was handed its turn.
     let doc = ok_json(&url, &["inspect", "doc", "--json"]).await;
     assert_eq!(doc["lock_kind"], "rwlock");
-    assert_eq!(doc["mode"], Json::Null);
+    assert_eq!(doc["mode"], "write");
     let holders = doc["holders"].as_array().unwrap();
     assert_eq!(holders.len(), 1, "{doc}");
-    assert_eq!(holders[0]["owner"], format!("~turn:{waiting_writer}"));
+    assert_eq!(holders[0]["owner"], waiting_writer.as_str());
 }
 
 /// A read/write lock built through the library: a writer holds, a reader, a writer and a

@@ -55,6 +55,10 @@ if read_write then
   end
   spent = true
   if line then
+    -- Dead waiters first (their client stopped renewing the entry): the head must be live.
+    local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 100)
+    zrem(3, dead)
+    zrem(4, dead)
     hand_on(false, #old)
   end
   zrem(5, old)
