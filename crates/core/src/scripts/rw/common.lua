@@ -148,12 +148,7 @@ local function granted_mark(count_field)
   return '@GRANTED@'
 end
 
--- The next fencing token. (The fence piece's error reply for a counter of another type cannot
--- come here: wrong_type() refused that before anything was written.)
-local function next_fence()
-  @NEXT_FENCE@
-  return fence
-end
+@LINE_GRANT@
 
 -- Grants the waiter `who` its read or write hold, as a release grants a lock's head
 -- (line/hand_on.lua): a new token, the mark, and a lease until its entry would have lapsed (a
@@ -162,8 +157,7 @@ end
 -- is told, on its own channel: '@GRANT@<token>:<lease ms>:<field>', the field its hold is
 -- counted in (its owner id for the write side, '@READ@<owner>' for the read side).
 local function grant(who, reading)
-  local until_ms = not gone[4] and redis.call('ZSCORE', KEYS[4], who)
-  local lease = math.max(tonumber(until_ms or now_ms) - now_ms, 1)
+  local lease = grant_lease(who, nil)
   local fence = next_fence()
   local count_field = reading and (READ .. who) or who
   redis.call('ZADD', KEYS[5], now_ms + lease, count_field)
@@ -178,7 +172,7 @@ local function grant(who, reading)
   end
   redis.call('HSET', KEYS[1], unpack(fields))
   spent = false
-  redis.call('@PUBLISH@', prefix .. who, '@GRANT@' .. fence .. ':' .. lease .. ':' .. count_field)
+  tell_granted(who, fence, lease, count_field)
 end
 
 -- Grants the waiters at the head of the line what they wait for, after a change (a release, a

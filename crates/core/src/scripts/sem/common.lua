@@ -106,12 +106,7 @@ local function wants(id)
   return tonumber(n) or 1, tonumber(lease)
 end
 
--- The next fencing token. (The fence piece's error reply for a counter of another type cannot
--- come here: wrong_type() refused that before anything was written.)
-local function next_fence()
-  @NEXT_FENCE@
-  return fence
-end
+@LINE_GRANT@
 
 -- Grants the waiters at the head of the line whose permits are there, in order: the first,
 -- and each next one while what they want together fits (a large request at the head is not
@@ -145,17 +140,14 @@ local function hand_on(except, extra)
         if gone[5] then
           redis.call('@PUBLISH@', prefix .. who, '@FREE@')
         else
-          if lease then
-            short = true
-          else
-            lease = math.max(tonumber(redis.call('ZSCORE', KEYS[4], who) or now_ms) - now_ms, 1)
-          end
+          short = short or lease ~= nil
+          lease = grant_lease(who, lease)
           local fence = next_fence()
           local member = READ .. who
           redis.call('ZADD', KEYS[5], now_ms + lease, member)
           redis.call('HSET', KEYS[1], member, n, '@READ_FENCE@' .. who, fence, GRANTED .. who, '1')
           redis.call('HINCRBY', KEYS[1], '@USED@', n)
-          redis.call('@PUBLISH@', prefix .. who, '@GRANT@' .. fence .. ':' .. lease .. ':' .. who)
+          tell_granted(who, fence, lease, who)
           granted[#granted + 1] = who
         end
       end
