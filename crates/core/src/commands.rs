@@ -219,11 +219,10 @@ fn side(keys: &LockKeys) -> Value {
 
 /// The keys a kind's scripts take, in their order (`scripts/line/acquire.lua`,
 /// `scripts/rw/common.lua`, `scripts/sem/common.lua`, `force_unlock.lua`): the hash; the fence
-/// counter, or the hash again for a script that grants nothing; the waiters and their
-/// deadlines; then the leases (a read/write lock, a semaphore) and what each waiter wants (a
+/// counter (every one of them may grant); the waiters and their deadlines; then the leases (a read/write lock, a semaphore) and what each waiter wants (a
 /// semaphore's permits, a lock's fixed leases). Returns the keys and the names of the
 /// derived ones, for naming a key in an error.
-fn script_keys(keys: &LockKeys, fence: bool) -> (Vec<Key>, Vec<String>) {
+fn script_keys(keys: &LockKeys) -> (Vec<Key>, Vec<String>) {
     let mut names = vec![keys.waiters(), keys.waiters_until()];
     match keys.kind() {
         LockKind::Plain | LockKind::Fair => names.push(keys.wants()),
@@ -232,11 +231,7 @@ fn script_keys(keys: &LockKeys, fence: bool) -> (Vec<Key>, Vec<String>) {
     }
     let mut list = Vec::with_capacity(2 + names.len());
     list.push(Key::from(keys.hash_str()));
-    list.push(Key::from(if fence {
-        keys.fence_str()
-    } else {
-        keys.hash_str()
-    }));
+    list.push(Key::from(keys.fence_str()));
     list.extend(names.iter().map(|n| Key::from(n.as_str())));
     (list, names)
 }
@@ -286,11 +281,11 @@ async fn kind_acquire<C: crate::connection::ScriptConnection>(
         LockKind::Fair => (&scripts.line_acquire, word("")),
         LockKind::Plain => (&scripts.line_acquire, word("c")),
     };
-    let (_, names) = script_keys(keys, true);
+    let (_, names) = script_keys(keys);
     let reply: Value = script
         .call(client, || {
             (
-                script_keys(keys, true).0.into(),
+                script_keys(keys).0.into(),
                 Value::Array(vec![
                     Value::from(owner.id_str().clone()),
                     Value::from(lease.millis() as i64),
@@ -375,12 +370,12 @@ pub async fn semaphore_set<C: crate::connection::ScriptConnection>(
         SemaphoreChange::Add(n) => ("add", n),
         SemaphoreChange::Delete => ("delete", 0),
     };
-    let (_, names) = script_keys(keys, true);
+    let (_, names) = script_keys(keys);
     let changed: i64 = scripts
         .sem_set
         .call(client, || {
             (
-                script_keys(keys, true).0.into(),
+                script_keys(keys).0.into(),
                 Value::Array(vec![word(op), Value::from(n), Value::from(prefix.as_str())]),
             )
         })
@@ -654,7 +649,7 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                 .sem_release
                 .call(client, || {
                     (
-                        script_keys(keys, true).0.into(),
+                        script_keys(keys).0.into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(prefix.as_str()),
@@ -674,7 +669,7 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                 .rw_release
                 .call(client, || {
                     (
-                        script_keys(keys, true).0.into(),
+                        script_keys(keys).0.into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(prefix.as_str()),
@@ -809,21 +804,18 @@ pub async fn leave_line<C: crate::connection::ScriptConnection>(
 ) -> Result<()> {
     let prefix = keys.waiter_channel_prefix();
     let (script, list, args) = match keys.kind() {
-        LockKind::Semaphore => {
+        LockKind::Semaphore | LockKind::Read | LockKind::Write => {
+            let script = if keys.is_semaphore() {
+                &scripts.sem_leave
+            } else {
+                &scripts.rw_leave
+            };
             let args = vec![
                 Value::from(owner.id_str().clone()),
                 Value::from(prefix.as_str()),
                 token_arg(known),
             ];
-            (&scripts.sem_leave, script_keys(keys, true).0, args)
-        }
-        LockKind::Read | LockKind::Write => {
-            let args = vec![
-                Value::from(owner.id_str().clone()),
-                Value::from(prefix.as_str()),
-                token_arg(known),
-            ];
-            (&scripts.rw_leave, script_keys(keys, true).0, args)
+            (script, script_keys(keys).0, args)
         }
         LockKind::Plain | LockKind::Fair => {
             let args = vec![
@@ -835,7 +827,7 @@ pub async fn leave_line<C: crate::connection::ScriptConnection>(
             (&scripts.line_leave, line_keys(keys), args)
         }
     };
-    let (_, names) = script_keys(keys, true);
+    let (_, names) = script_keys(keys);
     let _: i64 = script
         .call(client, || (list.clone().into(), Value::Array(args.clone())))
         .await
@@ -856,7 +848,7 @@ pub async fn force_unlock<C: crate::connection::ScriptConnection>(
         .force_unlock
         .call(client, || {
             (
-                script_keys(keys, true).0.into(),
+                script_keys(keys).0.into(),
                 Value::Array(vec![
                     Value::from(keys.released_str()),
                     Value::from(prefix.as_str()),
