@@ -608,32 +608,9 @@ async fn extending_read_and_write_leases_moves_each_holds_own_expiry() {
 /// try, fails here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_release_grants_every_waiting_reader_with_one_message_each() {
-    use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
-
     let redis = server();
     let name = "rw:one-message";
-    let watcher = fred::clients::SubscriberClient::new(
-        fred::types::config::Config::from_url(&redis.url()).unwrap(),
-        None,
-        None,
-        None,
-    );
-    watcher.init().await.unwrap();
-    let seen: Arc<parking_lot::Mutex<Vec<(String, String)>>> = Arc::default();
-    let mut messages = watcher.message_rx();
-    let collector = {
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            while let Ok(message) = messages.recv().await {
-                let payload = message.value.as_string().unwrap_or_default();
-                seen.lock().push((message.channel.to_string(), payload));
-            }
-        })
-    };
-    watcher
-        .psubscribe(format!("leasehold:{{{name}}}:released*"))
-        .await
-        .unwrap();
+    let messages = common::Messages::watch(&redis, name).await;
     let writer_client = client(&redis.url()).await;
     let rw = writer_client.rw_lock(name).unwrap();
     let write = rw.write().lock().await.unwrap();
@@ -666,12 +643,11 @@ async fn a_write_release_grants_every_waiting_reader_with_one_message_each() {
             .unwrap();
     }
     assert!(
-        eventually(Duration::from_secs(10), || seen.lock().len() >= READERS).await,
+        eventually(Duration::from_secs(10), || messages.seen().len() >= READERS).await,
         "{:#?}",
-        seen.lock()
+        messages.seen()
     );
-    let seen = seen.lock().clone();
-    collector.abort();
+    let seen = messages.seen();
     assert_eq!(seen.len(), READERS, "one message per reader: {seen:#?}");
     let prefix = format!("leasehold:{{{name}}}:released:");
     for owner in &owners {

@@ -762,32 +762,9 @@ async fn extending_a_permits_lease_moves_its_expiry_in_redis_and_locally() {
 /// hears) or a "look again" followed by a try fails here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_handoff_costs_one_message_to_one_waiter() {
-    use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
-
     let redis = server();
     let name = "sem:one-message";
-    let watcher = fred::clients::SubscriberClient::new(
-        fred::types::config::Config::from_url(&redis.url()).unwrap(),
-        None,
-        None,
-        None,
-    );
-    watcher.init().await.unwrap();
-    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let mut messages = watcher.message_rx();
-    let collector = {
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            while let Ok(message) = messages.recv().await {
-                let payload = message.value.as_string().unwrap_or_default();
-                seen.lock().push((message.channel.to_string(), payload));
-            }
-        })
-    };
-    watcher
-        .psubscribe(format!("leasehold:{{{name}}}:released*"))
-        .await
-        .unwrap();
+    let messages = common::Messages::watch(&redis, name).await;
     let holder = client(&redis.url()).await;
     let semaphore = holder.semaphore(name).unwrap();
     semaphore.set_permits(1).await.unwrap();
@@ -817,12 +794,11 @@ async fn a_permit_handoff_costs_one_message_to_one_waiter() {
         ids.push(id);
     }
     assert!(
-        eventually(Duration::from_secs(10), || seen.lock().len() >= 8).await,
+        eventually(Duration::from_secs(10), || messages.seen().len() >= 8).await,
         "{:#?}",
-        seen.lock()
+        messages.seen()
     );
-    let seen = seen.lock().clone();
-    collector.abort();
+    let seen = messages.seen();
     assert_eq!(seen.len(), 8, "one message per handoff: {seen:#?}");
     let prefix = format!("leasehold:{{{name}}}:released:");
     for id in &ids {

@@ -527,33 +527,9 @@ async fn a_subscription_whose_confirmation_went_unanswered_is_undone_when_its_wa
 /// pattern subscriber of the test, and each must go to a channel one waiter hears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_costs_one_message_to_one_client() {
-    use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
-
     let redis = server();
     let name = "one-message";
-    // Sees every message on the lock's channels.
-    let watcher = fred::clients::SubscriberClient::new(
-        fred::types::config::Config::from_url(&redis.url()).unwrap(),
-        None,
-        None,
-        None,
-    );
-    watcher.init().await.unwrap();
-    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    let mut messages = watcher.message_rx();
-    let collector = {
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            while let Ok(message) = messages.recv().await {
-                let payload = message.value.as_string().unwrap_or_default();
-                seen.lock().push((message.channel.to_string(), payload));
-            }
-        })
-    };
-    watcher
-        .psubscribe(format!("leasehold:{{{name}}}:released*"))
-        .await
-        .unwrap();
+    let messages = common::Messages::watch(&redis, name).await;
     let holder = client(&redis.url()).await;
     let held = holder.lock(name).unwrap();
     let guard = held.lock().await.unwrap();
@@ -589,15 +565,14 @@ async fn a_handoff_costs_one_message_to_one_client() {
     // channel, which no lock waiter listens to.
     let free_channel = format!("leasehold:{{{name}}}:released");
     assert!(
-        common::eventually(Duration::from_secs(10), || seen
-            .lock()
+        common::eventually(Duration::from_secs(10), || messages
+            .seen()
             .iter()
             .any(|(channel, _)| *channel == free_channel))
         .await,
         "the last release was seen"
     );
-    let seen = seen.lock().clone();
-    collector.abort();
+    let seen = messages.seen();
     let grants: Vec<&(String, String)> = seen.iter().filter(|(c, _)| *c != free_channel).collect();
     assert_eq!(grants.len(), 8, "one message per handoff: {seen:#?}");
     for waiter in &waiters {

@@ -406,3 +406,58 @@ pub fn set_user(server: &RedisServer, name: &str, rule: &str) {
 pub fn client_channel(client: &leasehold::LockClient, name: &str) -> String {
     format!("leasehold:{{{name}}}:released:{}", client.id())
 }
+
+/// Every message published on the channels of the lock `name` (`P:{N}:released*`, default
+/// prefix), as (channel, payload), seen by a pattern subscriber of the test's own: what a
+/// handoff costs in messages, and to whom.
+pub struct Messages {
+    seen: std::sync::Arc<parking_lot::Mutex<Vec<(String, String)>>>,
+    _watcher: fred::clients::SubscriberClient,
+    collector: tokio::task::JoinHandle<()>,
+}
+
+impl Messages {
+    /// Subscribed once this returns.
+    pub async fn watch(server: &RedisServer, name: &str) -> Messages {
+        use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+
+        let watcher = fred::clients::SubscriberClient::new(
+            fred::types::config::Config::from_url(&server.url()).unwrap(),
+            None,
+            None,
+            None,
+        );
+        watcher.init().await.unwrap();
+        let seen = std::sync::Arc::<parking_lot::Mutex<Vec<(String, String)>>>::default();
+        let mut messages = watcher.message_rx();
+        let collector = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while let Ok(message) = messages.recv().await {
+                    let payload = message.value.as_string().unwrap_or_default();
+                    seen.lock().push((message.channel.to_string(), payload));
+                }
+            })
+        };
+        watcher
+            .psubscribe(format!("leasehold:{{{name}}}:released*"))
+            .await
+            .unwrap();
+        Messages {
+            seen,
+            _watcher: watcher,
+            collector,
+        }
+    }
+
+    /// The messages seen so far, in order.
+    pub fn seen(&self) -> Vec<(String, String)> {
+        self.seen.lock().clone()
+    }
+}
+
+impl Drop for Messages {
+    fn drop(&mut self) {
+        self.collector.abort();
+    }
+}
