@@ -64,6 +64,13 @@ async fn hold(layout: Layout) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// [`hold`], returning how long it took.
+async fn timed_hold(layout: Layout) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    hold(layout).await?;
+    Ok(start.elapsed())
+}
+
 /// Which lock the workers use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -92,12 +99,21 @@ pub(crate) struct Handoff {
     pub(crate) acq_per_sec: f64,
     pub(crate) gap_p50_us: u64,
     pub(crate) gap_p99_us: u64,
+    /// From the moment a holder's critical section ended (its release began) to the next
+    /// holder's acquisition, median: what a handoff costs in wall time, however the lock
+    /// passes (a grant message, or a poller's release and new try).
+    pub(crate) handoff_p50_us: u64,
     pub(crate) round_trips_per_acquisition: f64,
     pub(crate) workers_served: usize,
     pub(crate) max_wait_ms: f64,
     /// The benchmark process's CPU time (all clients, workers and fred's tasks) per
     /// acquisition, over the whole run: what one handoff costs the clients.
     pub(crate) client_cpu_us_per_acquisition: f64,
+    /// The mean time a holder spent in its critical section (the 1 ms hold as this machine
+    /// ran it), and the acquisitions per second if handoffs took no time at all: the ceiling
+    /// no lock can pass in this scenario, against which `acq_per_sec` is read.
+    pub(crate) hold_mean_us: f64,
+    pub(crate) hold_limit_acq_per_sec: f64,
     /// Gap percentiles (p, µs) for the plot; not part of the JSON contract.
     #[serde(skip)]
     pub(crate) gap_curve: Vec<(f64, u64)>,
@@ -105,12 +121,16 @@ pub(crate) struct Handoff {
 
 struct Hold {
     acquired: Instant,
+    /// How long the critical section took: `acquired + held` is when its release began.
+    held: Duration,
     released: Instant,
 }
 
 #[derive(Default)]
 struct Record {
     holds: Vec<Hold>,
+    /// The time spent in [`hold`], summed over the holds.
+    held: Duration,
     max_wait: Duration,
     served: Vec<u64>,
 }
@@ -188,11 +208,17 @@ pub(crate) async fn run(
         .into_inner();
     record.holds.sort_by_key(|h| h.acquired);
     let mut gaps = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut handoffs = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     for pair in record.holds.windows(2) {
         let gap = pair[1].acquired.saturating_duration_since(pair[0].released);
         gaps.record((gap.as_micros() as u64).max(1))?;
+        let handoff = pair[1]
+            .acquired
+            .saturating_duration_since(pair[0].acquired + pair[0].held);
+        handoffs.record((handoff.as_micros() as u64).max(1))?;
     }
     let acquisitions = record.holds.len() as u64;
+    let hold_mean = record.held / acquisitions.max(1) as u32;
     let in_window = record
         .holds
         .iter()
@@ -208,10 +234,13 @@ pub(crate) async fn run(
         acq_per_sec: acquisitions as f64 / elapsed.as_secs_f64(),
         gap_p50_us: gaps.value_at_quantile(0.50),
         gap_p99_us: gaps.value_at_quantile(0.99),
+        handoff_p50_us: handoffs.value_at_quantile(0.50),
         round_trips_per_acquisition: round_trips as f64 / in_window.max(1) as f64,
         workers_served: record.served.iter().filter(|n| **n > 0).count(),
         max_wait_ms: record.max_wait.as_secs_f64() * 1000.0,
         client_cpu_us_per_acquisition: cpu_used.as_secs_f64() * 1e6 / acquisitions.max(1) as f64,
+        hold_mean_us: hold_mean.as_secs_f64() * 1e6,
+        hold_limit_acq_per_sec: 1.0 / hold_mean.as_secs_f64().max(1e-9),
         gap_curve,
     })
 }
@@ -245,9 +274,9 @@ async fn leasehold_worker(
         let acquired = Instant::now();
         note_wait(&record, acquired - asked);
         let Some(guard) = guard else { return Ok(()) };
-        hold(layout).await?;
+        let held = timed_hold(layout).await?;
         guard.unlock().await?;
-        note_hold(&record, worker, acquired, Instant::now());
+        note_hold(&record, worker, acquired, held, Instant::now());
     }
 }
 
@@ -290,11 +319,11 @@ async fn polling_worker(
             return Ok(());
         };
         note_wait(&record, acquired - asked);
-        hold(layout).await?;
+        let held = timed_hold(layout).await?;
         let _: i64 = redis
             .evalsha(&**release.sha1(), NAME, token.as_str())
             .await?;
-        note_hold(&record, worker, acquired, Instant::now());
+        note_hold(&record, worker, acquired, held, Instant::now());
     }
 }
 
@@ -303,8 +332,19 @@ fn note_wait(record: &Mutex<Record>, wait: Duration) {
     record.max_wait = record.max_wait.max(wait);
 }
 
-fn note_hold(record: &Mutex<Record>, worker: usize, acquired: Instant, released: Instant) {
+fn note_hold(
+    record: &Mutex<Record>,
+    worker: usize,
+    acquired: Instant,
+    held: Duration,
+    released: Instant,
+) {
     let mut record = record.lock();
-    record.holds.push(Hold { acquired, released });
+    record.holds.push(Hold {
+        acquired,
+        held,
+        released,
+    });
+    record.held += held;
     record.served[worker] += 1;
 }

@@ -128,23 +128,35 @@ pub(crate) fn print_table(results: &Results, quick: bool, placement: &Placement)
     ];
     if handoffs.iter().any(|(_, h)| h.is_some()) {
         println!(
-            "{:<26} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>11} {:>9}",
-            "", "acq", "acq/s", "gap p50", "gap p99", "rt/acq", "served", "max wait", "cpu/acq"
+            "{:<26} {:>7} {:>8} {:>9} {:>9} {:>9} {:>10} {:>7} {:>11} {:>9} {:>9}",
+            "",
+            "acq",
+            "acq/s",
+            "gap p50",
+            "gap p99",
+            "handoff",
+            "rt/acq",
+            "served",
+            "max wait",
+            "cpu/acq",
+            "of limit"
         );
     }
     for (label, run) in handoffs {
         if let Some(h) = run {
             println!(
-                "{label:<26} {:>7} {:>8.0} {:>7}us {:>7}us {:>10.2} {:>4}/{:<2} {:>9.1}ms {:>7.0}us",
+                "{label:<26} {:>7} {:>8.0} {:>7}us {:>7}us {:>7}us {:>10.2} {:>4}/{:<2} {:>9.1}ms {:>7.0}us {:>9.2}",
                 h.acquisitions,
                 h.acq_per_sec,
                 h.gap_p50_us,
                 h.gap_p99_us,
+                h.handoff_p50_us,
                 h.round_trips_per_acquisition,
                 h.workers_served,
                 h.waiters,
                 h.max_wait_ms,
-                h.client_cpu_us_per_acquisition
+                h.client_cpu_us_per_acquisition,
+                h.acq_per_sec / h.hold_limit_acq_per_sec
             );
         }
     }
