@@ -429,10 +429,10 @@ impl<'a> LockGuard<'a> {
     /// As [`LockGuard::unlock`].
     pub async fn unlock_after(mut self, after: Duration) -> Result<()> {
         let after = Lease::new(after)?;
-        if self.hold.keys.is_read_write() {
+        if !self.hold.keys.traits().unlock_after {
             // Dropped here: released now.
-            return Err(LockError::InvalidArgument(
-                "unlock_after is not supported on a read/write lock".into(),
+            return Err(leasehold_core::commands::unlock_after_refused(
+                &self.hold.keys,
             ));
         }
         self.start_release(ReleaseKind::After(after.millis()))

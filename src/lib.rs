@@ -49,10 +49,14 @@
 //! latch              Latch: a count-down latch waited on through the engine (latch/*.lua)
 //! schedule           run-once jobs on top of the lock
 //! ```
-//! Below it: `leasehold-core` (keys, leases, owners, protocol words, scripts, errors),
-//! `leasehold-watchdog` (the hold table and renewal) and `leasehold-pubsub` (the subscriber and
-//! each lock's local line of waiters). A new kind of lock adds its scripts to core and an
-//! attempt and a guard here; the waiting, the hold bookkeeping, renewal and settling are shared.
+//! Below it: `leasehold-core` (keys, leases, owners, protocol words, each kind's traits,
+//! scripts, errors), `leasehold-watchdog` (the hold table and renewal) and `leasehold-pubsub`
+//! (the subscriber and each lock's local line of waiters). What differs between the kinds is
+//! declared once, in `leasehold_core::kind` (which scripts, which keys, who stands in Redis's
+//! line, whether `unlock_after` is allowed, which other side a read/write lock looks at); the
+//! commands, the engine, the CLI and the chaos checker read it. A new kind of lock is a row
+//! there, its scripts in core, and an attempt and a guard here; the waiting, the hold
+//! bookkeeping, renewal and settling are shared.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]

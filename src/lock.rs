@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::commands::{self, AcquireMode, ReleaseKind};
-use leasehold_core::protocol::READ_FIELD_PREFIX;
 use leasehold_core::telemetry::{LockMetrics, Outcome};
 use leasehold_core::{
-    DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result, Synced,
+    DropGuard, FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result, Synced,
 };
 use leasehold_pubsub::Place;
 use leasehold_watchdog::{AcquireTicket, HoldGuard, LeaseMode, Prepared, WaitingEntry};
@@ -462,7 +461,7 @@ impl Lock {
                 seen = client.holds.prepare(&other);
                 prepared = client.holds.prepare(&attempt.hold);
             }
-            if side == LockKind::Read && prepared.grant.is_none() && seen.grant.is_some() {
+            if self.keys.traits().exclusive && prepared.grant.is_none() && seen.grant.is_some() {
                 return Err(LockError::UpgradeRefused {
                     name: self.keys.name().to_string(),
                 });
@@ -645,12 +644,8 @@ impl Attempt for LockAttempt<'_> {
         let in_line = (*self.heard.lock())?;
         // A grant names the field its hold is counted in: the owner, or a reader's field (an
         // owner's read and write sides hear on one channel).
-        let (fence, lease_ms) = if self.hold.keys.kind() == LockKind::Read {
-            let field = format!("{READ_FIELD_PREFIX}{}", self.hold.owner.id());
-            place.granted(&field, in_line.counter)?
-        } else {
-            place.granted(self.hold.owner.id(), in_line.counter)?
-        };
+        let field = self.hold.keys.kind().hold_field(self.hold.owner.id());
+        let (fence, lease_ms) = place.granted(&field, in_line.counter)?;
         self.take_heard(FencingToken::new(fence), lease_ms, in_line.sent_at)
     }
 
@@ -658,12 +653,12 @@ impl Attempt for LockAttempt<'_> {
         let keys = &self.hold.keys;
         let mut channel = keys.waiter_channel_prefix();
         let owner = self.hold.owner.clone();
-        if keys.kind() == LockKind::Plain {
-            channel.push_str(self.client.id.as_str());
-            Line::Client { channel, owner }
-        } else {
+        if keys.has_own_lines() {
             channel.push_str(owner.id());
             Line::Own { channel, owner }
+        } else {
+            channel.push_str(self.client.id.as_str());
+            Line::Client { channel, owner }
         }
     }
 

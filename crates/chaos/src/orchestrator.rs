@@ -342,7 +342,9 @@ impl Env<'_> {
             };
             for name in names {
                 // `~r:<id>`: a reader's hold or a permit; other `~` fields name nobody.
-                let name = name.strip_prefix("~r:").unwrap_or(&name);
+                let name = name
+                    .strip_prefix(leasehold_core::protocol::READ_FIELD_PREFIX)
+                    .unwrap_or(&name);
                 let uuid = name.split(':').next().unwrap_or_default();
                 if let Some(i) = self.slots.iter().position(|s| s.client_id == uuid) {
                     clients.push(i as u32);
@@ -1074,7 +1076,7 @@ fn semaphore_left(redis: &dyn Node, hash: &str) -> anyhow::Result<SemaphoreLeft>
     // (`~kind` is a semaphore's only with the value `semaphore`.)
     let other_fields = fields
         .iter()
-        .filter(|(f, v)| f != KIND_FIELD || v != "semaphore")
+        .filter(|(f, v)| f != KIND_FIELD || v != leasehold_core::Stored::Semaphore.marker())
         .map(|(f, _)| f)
         .filter(|f| ![PERMITS_FIELD, USED_FIELD].contains(&f.as_str()))
         .filter(|f| {

@@ -132,7 +132,7 @@ impl LatchLeft {
         for (field, value) in &self.fields {
             let ok = match field.as_str() {
                 LATCH_FIELD => value.parse::<i64>().is_ok_and(|n| n > 0),
-                KIND_FIELD => value == "latch",
+                KIND_FIELD => value == leasehold_core::Stored::Latch.marker(),
                 ROUND_FIELD => value.parse::<u64>().is_ok(),
                 _ => false,
             };

@@ -48,6 +48,7 @@ pub struct LockState {
     /// Which lock: `lock` (a plain or a fair lock: they share one layout, which cannot tell
     /// them apart) or `rwlock` (a read/write lock); `semaphore` or `latch` for those; `null`
     /// when `kind` is `none` or `foreign:...`.
+    #[serde(serialize_with = "crate::layout::serialize_some_kind")]
     pub lock_kind: Option<Kind>,
     /// A read/write lock's mode, `read` or `write`; `null` for other kinds.
     pub mode: Option<Mode>,
@@ -209,7 +210,7 @@ pub async fn fetch(redis: &Client, keys: &LockKeys) -> anyhow::Result<LockState>
         "none" => ("none".to_string(), None),
         "hash" => match reading {
             Some(reading) if reading.kind.is_lock() => ("reentrant".to_string(), Some(reading)),
-            Some(reading) => (reading.kind.as_str().to_string(), Some(reading)),
+            Some(reading) => (reading.kind.label().to_string(), Some(reading)),
             None => ("foreign:hash".to_string(), None),
         },
         other => (format!("foreign:{other}"), None),
@@ -327,7 +328,7 @@ pub fn describe(state: &LockState) -> String {
                 .to_string()
         }
         ("none", _) => "none (not locked)".to_string(),
-        ("reentrant", Some(Kind::Rwlock)) => "rwlock (reentrant read/write lock)".to_string(),
+        ("reentrant", Some(Kind::ReadWrite)) => "rwlock (reentrant read/write lock)".to_string(),
         // Plain or fair: one layout, the waiters served in arrival order alike.
         ("reentrant", _) => {
             "lock (reentrant; plain or fair, which look the same: waiters are served in arrival \
@@ -337,7 +338,7 @@ pub fn describe(state: &LockState) -> String {
         (other, _) => format!("{other} (not a leasehold lock: left alone)"),
     };
     rows.push(vec!["kind".into(), kind]);
-    if state.lock_kind == Some(Kind::Rwlock) {
+    if state.lock_kind == Some(Kind::ReadWrite) {
         let readers = state
             .holders
             .iter()
@@ -365,7 +366,7 @@ pub fn describe(state: &LockState) -> String {
         rows.push(vec!["lease".into(), lease]);
     }
     let fence = match state.fence {
-        Some(token) if state.lock_kind == Some(Kind::Rwlock) => {
+        Some(token) if state.lock_kind == Some(Kind::ReadWrite) => {
             format!("{token} (the writer's token; the next grant gets more)")
         }
         Some(token) => format!("{token} (this grant's token; the next grant gets more)"),
@@ -591,7 +592,7 @@ mod tests {
             permits: None,
         };
         let mut s = state(
-            Kind::Rwlock,
+            Kind::ReadWrite,
             Some(Mode::Read),
             vec![reader("a:t1", 12_000), reader("b:t2", -200)],
         );

@@ -64,36 +64,26 @@ pub const AUXILIARY_SUFFIXES: [&str; 7] = [
     ":wants",
 ];
 
-/// Which kind of lock (or other primitive) a hash belongs to, as the CLI shows it
-/// (`leasehold_core::LockKind` is a handle's kind, with a read/write lock's two sides).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// A plain or a fair (reentrant, exclusive) lock: the two share one layout, and their
-    /// waiters are served in arrival order alike.
-    Lock,
-    /// A read/write lock.
-    Rwlock,
-    /// A semaphore: permits, not a lock (`unlock --force` refuses it).
-    Semaphore,
-    /// A count-down latch: a count, not a lock (`unlock --force` refuses it).
-    Latch,
+/// Which kind of lock (or other primitive) a hash belongs to: the layouts the core declares
+/// ([`leasehold_core::Stored`]; `leasehold_core::LockKind` is a handle's kind, with a
+/// read/write lock's two sides). A plain and a fair lock share one layout, and their waiters
+/// are served in arrival order alike; a semaphore and a latch are not locks (`unlock --force`
+/// refuses them).
+pub use leasehold_core::Stored as Kind;
+
+/// Serializes a [`Kind`] as its label (`lock`, `rwlock`, `semaphore`, `latch`).
+pub fn serialize_kind<S: serde::Serializer>(kind: &Kind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(kind.label())
 }
 
-impl Kind {
-    /// The kind's name in text output and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Lock => "lock",
-            Kind::Rwlock => "rwlock",
-            Kind::Semaphore => "semaphore",
-            Kind::Latch => "latch",
-        }
-    }
-
-    /// Whether it is one of the locks (plain or fair, read/write), which `unlock --force` takes.
-    pub fn is_lock(self) -> bool {
-        matches!(self, Kind::Lock | Kind::Rwlock)
+/// As [`serialize_kind`], for an optional kind (`null` for none).
+pub fn serialize_some_kind<S: serde::Serializer>(
+    kind: &Option<Kind>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match kind {
+        Some(kind) => s.serialize_str(kind.label()),
+        None => s.serialize_none(),
     }
 }
 
@@ -187,7 +177,7 @@ pub struct HashReading {
 }
 
 /// The kind that a lock's line of waiters (`P:{N}:waiters`) says, from its first entry's score:
-/// [`Kind::Rwlock`] or [`Kind::Lock`] (a plain or fair lock's, or a semaphore's, which its hash
+/// [`Kind::ReadWrite`] or [`Kind::Lock`] (a plain or fair lock's, or a semaphore's, which its hash
 /// tells); `None` when nobody waits. A read/write lock's scores are twice the arrival time
 /// (plus one for a writer): about twice the server time in microseconds, where a lock's are
 /// about once. `now_us` may be any clock near the server's.
@@ -195,7 +185,7 @@ pub fn kind_of_queue(head_score: Option<f64>, now_us: u64) -> Option<Kind> {
     let score = head_score?;
     // Halfway between the two: off only for a waiter that has waited for decades.
     Some(if score > now_us as f64 * 1.5 {
-        Kind::Rwlock
+        Kind::ReadWrite
     } else {
         Kind::Lock
     })
@@ -213,11 +203,12 @@ pub fn read_hash(
     leases: &HashMap<String, i64>,
 ) -> Option<HashReading> {
     // The kind a name is in use as is in its `~kind` field (none: a lock, plain or fair).
-    match fields.get(KIND_FIELD).map(String::as_str) {
-        Some("latch") => return read_latch(fields),
-        Some("semaphore") => return read_semaphore(fields, leases),
-        Some("rw") | None => {}
-        Some(_) => return None,
+    match fields.get(KIND_FIELD).map(|m| Kind::from_marker(m)) {
+        Some(Some(Kind::Latch)) => return read_latch(fields),
+        Some(Some(Kind::Semaphore)) => return read_semaphore(fields, leases),
+        Some(Some(Kind::ReadWrite)) | None => {}
+        // A lock's hash carries no marker: one that names a lock, or no kind, is not ours.
+        Some(Some(Kind::Lock) | None) => return None,
     }
     if fields.contains_key(LATCH_FIELD) {
         return read_latch(fields);
@@ -232,13 +223,13 @@ pub fn read_hash(
             || field.starts_with(READ_FENCE_FIELD_PREFIX)
     });
     let kind = if rw_fields || !leases.is_empty() || fields.contains_key(KIND_FIELD) {
-        Kind::Rwlock
+        Kind::ReadWrite
     } else {
         queued.unwrap_or(Kind::Lock)
     };
     let fence = fields.get(FENCE_FIELD).and_then(|s| s.parse().ok());
     let (mode, mut holders) = match kind {
-        Kind::Rwlock => read_rw_fields(fields, fence, leases)?,
+        Kind::ReadWrite => read_rw_fields(fields, fence, leases)?,
         // (Not reached: told by their fields above.)
         Kind::Lock | Kind::Semaphore | Kind::Latch => (None, holders_of(fields, fence)?),
     };
@@ -520,7 +511,7 @@ pub fn queue(
             // Scores below 2^53 are exact in a double.
             let score_int = *score as u64;
             let (arrival_us, wants) = match kind {
-                Kind::Rwlock => (
+                Kind::ReadWrite => (
                     score_int / 2,
                     Some(if score_int % 2 == 1 {
                         Mode::Write
@@ -654,7 +645,7 @@ mod tests {
             ("~r:a:t2".to_string(), -5),
         ]);
         let reading = read_hash(&fields, None, &leases).unwrap();
-        assert_eq!(reading.kind, Kind::Rwlock);
+        assert_eq!(reading.kind, Kind::ReadWrite);
         assert_eq!(reading.mode, Some(Mode::Write));
         let summary: Vec<_> = reading
             .holders
@@ -672,11 +663,11 @@ mod tests {
         // Reserved for a waiting writer: told apart from a lock by its line's scores.
         let reserved = read_hash(
             &map(&[("~turn:w:t1", "0")]),
-            Some(Kind::Rwlock),
+            Some(Kind::ReadWrite),
             &HashMap::new(),
         )
         .unwrap();
-        assert_eq!((reserved.kind, reserved.mode), (Kind::Rwlock, None));
+        assert_eq!((reserved.kind, reserved.mode), (Kind::ReadWrite, None));
         assert_eq!(
             read_hash(&map(&[("~mode", "x")]), None, &HashMap::new()),
             None
@@ -701,7 +692,7 @@ mod tests {
         );
         assert_eq!(
             kind_of_queue(Some((2 * (now_us - 5_000_000) + 1) as f64), now_us),
-            Some(Kind::Rwlock)
+            Some(Kind::ReadWrite)
         );
         let arrival = now_us - 2_000_000;
         let waiters = [
@@ -709,7 +700,7 @@ mod tests {
             ("w:t1".to_string(), (2 * arrival + 1) as f64),
         ];
         let until = [("w:t1".to_string(), (now_us / 1_000 + 500) as f64)];
-        let q = queue(Kind::Rwlock, &waiters, &until, &HashMap::new(), now_us);
+        let q = queue(Kind::ReadWrite, &waiters, &until, &HashMap::new(), now_us);
         assert_eq!(q[0].owner, "w:t1");
         assert_eq!(q[0].wants, Some(Mode::Write));
         assert_eq!(q[0].waiting_ms, 2_000);
@@ -755,7 +746,7 @@ mod tests {
             ("~granted:b:o4", "1"),
         ]);
         let leases = HashMap::from([("~r:a:o1".to_string(), 4_000), ("~r:b:o4".to_string(), -30)]);
-        let reading = read_hash(&fields, Some(Kind::Rwlock), &leases).unwrap();
+        let reading = read_hash(&fields, Some(Kind::ReadWrite), &leases).unwrap();
         assert_eq!(reading.kind, Kind::Semaphore);
         assert_eq!(
             (reading.mode, reading.fence, reading.count),

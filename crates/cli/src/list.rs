@@ -48,6 +48,7 @@ pub struct ListedLock {
     pub ttl_ms: Option<u64>,
     /// `lock`, `rwlock`, `semaphore` or `latch`, as in `inspect --json` (a plain and a fair
     /// lock share one layout: both are a `lock`).
+    #[serde(serialize_with = "crate::layout::serialize_kind")]
     pub lock_kind: Kind,
     /// A read/write lock's mode, `read` or `write`; `null` otherwise.
     pub mode: Option<Mode>,
@@ -263,7 +264,7 @@ pub fn describe(listing: &Listing) -> String {
             .join(", ");
         rows.push(vec![
             lock.name.clone(),
-            lock.lock_kind.as_str().into(),
+            lock.lock_kind.label().into(),
             mode_cell(lock),
             if holders.is_empty() {
                 "-".into()
@@ -319,7 +320,7 @@ pub fn mode_cell(lock: &ListedLock) -> String {
             lock.permits.unwrap_or(0)
         ),
         Kind::Latch => format!("count {}", lock.count.unwrap_or(0)),
-        Kind::Lock | Kind::Rwlock => lock.mode.map_or("-", Mode::as_str).to_string(),
+        Kind::Lock | Kind::ReadWrite => lock.mode.map_or("-", Mode::as_str).to_string(),
     }
 }
 

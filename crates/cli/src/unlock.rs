@@ -120,7 +120,7 @@ pub async fn run(
     // A read/write lock is unlocked through its own handle: its script hands it on to its
     // line's head as a read/write lock's release does.
     let released = state.is_locked()
-        && if state.lock_kind == Some(Kind::Rwlock) {
+        && if state.lock_kind == Some(Kind::ReadWrite) {
             client.rw_lock(name)?.write().force_unlock().await?
         } else {
             lock.force_unlock().await?
@@ -155,7 +155,7 @@ pub async fn run(
             .collect::<Vec<_>>()
             .join(", ");
         // The rule, not a claim about who got it: someone may have taken it since.
-        let rule = if state.lock_kind == Some(Kind::Rwlock) {
+        let rule = if state.lock_kind == Some(Kind::ReadWrite) {
             "a force unlock serves the head of the line, as a release does"
         } else {
             "a force unlock grants the lock to the first live waiter in line, as a release does"

@@ -122,7 +122,7 @@ pub fn describe(prefix: &str, pattern: &str, locks: &[WatchedLock]) -> String {
             (_, [one]) => (one.owner.clone(), one.hold_count.to_string()),
             (kind, many) => (
                 match kind {
-                    Kind::Rwlock => format!("{} holds", many.len()),
+                    Kind::ReadWrite => format!("{} holds", many.len()),
                     _ => format!("{} owners", many.len()),
                 },
                 many.iter().map(|h| h.hold_count).sum::<u64>().to_string(),
@@ -130,7 +130,7 @@ pub fn describe(prefix: &str, pattern: &str, locks: &[WatchedLock]) -> String {
         };
         rows.push(vec![
             lock.name.clone(),
-            lock.lock_kind.as_str().into(),
+            lock.lock_kind.label().into(),
             mode_cell(lock),
             holder,
             holds,

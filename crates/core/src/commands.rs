@@ -12,9 +12,10 @@ use fred::prelude::Value;
 use fred::types::Key;
 
 use crate::error::from_fred;
+use crate::kind::{Entries, Family, Stored, Traits};
 use crate::scripts::resend_not_run;
 use crate::scripts::Scripts;
-use crate::{FencingToken, HoldId, Lease, LockError, LockKeys, LockKind, Owner, Result};
+use crate::{FencingToken, HoldId, Lease, LockError, LockKeys, Owner, Result};
 
 /// How an acquire is sent (see `scripts/acquire.lua` and `scripts/line/acquire.lua`).
 #[derive(Clone, Copy, Debug)]
@@ -178,7 +179,7 @@ pub async fn acquire_permits<C: crate::connection::ScriptConnection>(
 ) -> Result<Acquire> {
     // The other kinds' calls (and a waiting plain lock's) are boxed: inline, their futures
     // would widen the plain lock's try, which every acquire builds and moves.
-    if keys.kind() != LockKind::Plain || matches!(mode, AcquireMode::Waiter { .. }) {
+    if !keys.traits().fast_path || matches!(mode, AcquireMode::Waiter { .. }) {
         return Box::pin(kind_acquire(
             client, scripts, keys, owner, lease, mode, permits,
         ))
@@ -208,38 +209,54 @@ pub async fn acquire_permits<C: crate::connection::ScriptConnection>(
     acquire_reply(reply)
 }
 
-/// The side of a read/write lock's keys, as its scripts name it.
-fn side(keys: &LockKeys) -> Value {
-    word(if keys.kind() == LockKind::Read {
-        "read"
-    } else {
-        "write"
-    })
+/// The argument a family's acquire takes after the shared ones: a plain lock's waiters hear
+/// on their client's channel (`c`), a read/write lock's side, a semaphore's permits.
+fn kind_argument(keys: &LockKeys, permits: u32) -> Value {
+    let traits = keys.traits();
+    match traits.family {
+        Family::Line => word(match traits.entries {
+            Entries::ClientHeads => "c",
+            Entries::EveryWaiter => "",
+        }),
+        Family::ReadWrite => side(traits),
+        Family::Semaphore => Value::from(i64::from(permits)),
+    }
+}
+
+/// A read/write lock's side, as its scripts name it.
+fn side(traits: &Traits) -> Value {
+    word(traits.side.unwrap_or_default())
 }
 
 /// The keys a kind's scripts take, in their order (`scripts/line/acquire.lua`,
 /// `scripts/rw/common.lua`, `scripts/sem/common.lua`, `force_unlock.lua`): the hash; the fence
-/// counter (every one of them may grant); the waiters and their deadlines; then the leases (a read/write lock, a semaphore) and what each waiter wants (a
-/// semaphore's permits, a lock's fixed leases). Returns the keys and the names of the
-/// derived ones, for naming a key in an error.
-fn script_keys(keys: &LockKeys) -> (Vec<Key>, Vec<String>) {
-    let mut names = vec![keys.waiters(), keys.waiters_until()];
-    match keys.kind() {
-        LockKind::Plain | LockKind::Fair => names.push(keys.wants()),
-        LockKind::Semaphore => names.extend([keys.leases(), keys.wants()]),
-        LockKind::Read | LockKind::Write => names.push(keys.leases()),
-    }
-    let mut list = Vec::with_capacity(2 + names.len());
+/// counter (every one of them may grant); the waiters and their deadlines; then the holds'
+/// leases (a read/write lock, a semaphore) and what each waiter wants (a semaphore's permits,
+/// a lock's fixed leases), as the kind's traits say.
+fn script_keys(keys: &LockKeys) -> Vec<Key> {
+    let traits = keys.traits();
+    let mut list = Vec::with_capacity(6);
     list.push(Key::from(keys.hash_str()));
     list.push(Key::from(keys.fence_str()));
-    list.extend(names.iter().map(|n| Key::from(n.as_str())));
-    (list, names)
+    list.push(Key::from(keys.waiters_str()));
+    list.push(Key::from(keys.waiters_until_str()));
+    if traits.stored.has_leases() {
+        list.push(Key::from(keys.leases()));
+    }
+    if traits.wants {
+        list.push(Key::from(keys.wants_str()));
+    }
+    list
 }
 
-/// A script's error, naming the key it refused by the script's key order.
-fn script_error(keys: &LockKeys, names: &[String], error: fred::error::Error) -> LockError {
-    let mut all: Vec<&str> = vec![keys.hash(), keys.fence()];
-    all.extend(names.iter().map(String::as_str));
+/// A script's error, naming the key it refused by the script's key order
+/// ([`script_keys`]).
+fn script_error(keys: &LockKeys, error: fred::error::Error) -> LockError {
+    let names: Vec<String> = script_keys(keys)
+        .iter()
+        .map(|k| k.as_str_lossy().into_owned())
+        .collect();
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
     from_fred(error, &all)
 }
 
@@ -275,17 +292,12 @@ async fn kind_acquire<C: crate::connection::ScriptConnection>(
         AcquireMode::NonReentrant => ("t", word("n"), 0, false),
         AcquireMode::Try => ("t", word(""), 0, false),
     };
-    let (script, seventh) = match keys.kind() {
-        LockKind::Read | LockKind::Write => (&scripts.rw_acquire, side(keys)),
-        LockKind::Semaphore => (&scripts.sem_acquire, Value::from(i64::from(permits))),
-        LockKind::Fair => (&scripts.line_acquire, word("")),
-        LockKind::Plain => (&scripts.line_acquire, word("c")),
-    };
-    let (_, names) = script_keys(keys);
+    let script = scripts.of(keys.traits().family).acquire;
+    let seventh = kind_argument(keys, permits);
     let reply: Value = script
         .call(client, || {
             (
-                script_keys(keys).0.into(),
+                script_keys(keys).into(),
                 Value::Array(vec![
                     Value::from(owner.id_str().clone()),
                     Value::from(lease.millis() as i64),
@@ -299,7 +311,7 @@ async fn kind_acquire<C: crate::connection::ScriptConnection>(
             )
         })
         .await
-        .map_err(|e| script_error(keys, &names, e).naming(keys.name()))?;
+        .map_err(|e| script_error(keys, e).naming(keys.name()))?;
     acquire_reply(reply)
 }
 
@@ -332,16 +344,18 @@ fn held_as(
     fence: Option<String>,
     expiring: Option<String>,
 ) -> Option<String> {
-    kind.or_else(|| (fence.is_some() || expiring.is_some()).then(|| "lock".to_string()))
+    kind.or_else(|| {
+        (fence.is_some() || expiring.is_some()).then(|| Stored::Lock.marker().to_string())
+    })
 }
 
 /// Refuses a name in use as another kind than `wanted` with [`LockError::WrongKind`].
-fn check_kind(keys: &LockKeys, held: Option<&str>, wanted: &str) -> Result<()> {
+fn check_kind(keys: &LockKeys, held: Option<&str>, wanted: Stored) -> Result<()> {
     match held {
-        Some(kind) if kind != wanted => Err(LockError::WrongKind {
+        Some(kind) if kind != wanted.marker() => Err(LockError::WrongKind {
             name: keys.name().to_string(),
             held_as: crate::error::kind_word(kind).to_string(),
-            asked_as: crate::error::kind_word(wanted).to_string(),
+            asked_as: wanted.described().to_string(),
         }),
         _ => Ok(()),
     }
@@ -370,17 +384,16 @@ pub async fn semaphore_set<C: crate::connection::ScriptConnection>(
         SemaphoreChange::Add(n) => ("add", n),
         SemaphoreChange::Delete => ("delete", 0),
     };
-    let (_, names) = script_keys(keys);
     let changed: i64 = scripts
         .sem_set
         .call(client, || {
             (
-                script_keys(keys).0.into(),
+                script_keys(keys).into(),
                 Value::Array(vec![word(op), Value::from(n), Value::from(prefix.as_str())]),
             )
         })
         .await
-        .map_err(|e| script_error(keys, &names, e).naming(keys.name()))?;
+        .map_err(|e| script_error(keys, e).naming(keys.name()))?;
     Ok(changed == 1)
 }
 
@@ -406,7 +419,11 @@ pub async fn semaphore_state<C: fred::interfaces::HashesInterface + Send + Sync>
     })
     .await
     .map_err(|e| from_fred(e, &[keys.hash()]))?;
-    check_kind(keys, held_as(kind, fence, expiring).as_deref(), "semaphore")?;
+    check_kind(
+        keys,
+        held_as(kind, fence, expiring).as_deref(),
+        Stored::Semaphore,
+    )?;
     Ok(permits.map(|permits| (permits, used.unwrap_or(0))))
 }
 
@@ -482,7 +499,11 @@ pub async fn latch_state<C: fred::interfaces::HashesInterface + Send + Sync>(
     })
     .await
     .map_err(|e| from_fred(e, &[keys.hash()]))?;
-    check_kind(keys, held_as(kind, fence, expiring).as_deref(), "latch")?;
+    check_kind(
+        keys,
+        held_as(kind, fence, expiring).as_deref(),
+        Stored::Latch,
+    )?;
     Ok(LatchState {
         count: count.unwrap_or(0).max(0) as u64,
         round,
@@ -548,16 +569,14 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
     let reply: Value = match kind {
         // The other kinds' releases are boxed: inline, their futures would widen the plain
         // lock's release, the hottest path after the acquire.
-        ReleaseKind::Now if keys.kind() != LockKind::Plain => {
+        ReleaseKind::Now if !keys.traits().fast_path => {
             Box::pin(release_of_kind(
                 client, scripts, hold, token, expected, undo,
             ))
             .await
         }
-        ReleaseKind::After(_) if keys.is_read_write() || keys.is_semaphore() => {
-            return Err(LockError::InvalidArgument(
-                "unlock_after is not supported on a read/write lock or a semaphore".into(),
-            ));
+        ReleaseKind::After(_) if !keys.traits().unlock_after => {
+            return Err(unlock_after_refused(keys));
         }
         ReleaseKind::Now => {
             scripts
@@ -583,7 +602,7 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
                             args.extend([word(""), word("a")]);
                         }
                     }
-                    (line_keys(keys).into(), Value::Array(args))
+                    (script_keys(keys).into(), Value::Array(args))
                 })
                 .await
         }
@@ -601,7 +620,7 @@ pub async fn settle<C: crate::connection::ScriptConnection>(
                             expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
                             Value::from(keys.released_str()),
                             Value::from(prefix.as_str()),
-                            word(if keys.is_fair() { "o" } else { "" }),
+                            owners_channels(keys),
                         ]),
                     )
                 })
@@ -642,14 +661,15 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
     } else {
         ""
     });
-    match keys.kind() {
-        LockKind::Semaphore => {
+    let traits = keys.traits();
+    let script = scripts.of(traits.family).release;
+    match traits.family {
+        Family::Semaphore => {
             let prefix = keys.waiter_channel_prefix();
-            scripts
-                .sem_release
+            script
                 .call(client, || {
                     (
-                        script_keys(keys).0.into(),
+                        script_keys(keys).into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(prefix.as_str()),
@@ -663,19 +683,18 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                 })
                 .await
         }
-        LockKind::Read | LockKind::Write => {
+        Family::ReadWrite => {
             let prefix = keys.waiter_channel_prefix();
-            scripts
-                .rw_release
+            script
                 .call(client, || {
                     (
-                        script_keys(keys).0.into(),
+                        script_keys(keys).into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(prefix.as_str()),
                             token_arg(token),
                             expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
-                            side(keys),
+                            side(traits),
                             score.clone(),
                             life.clone(),
                             acquire.clone(),
@@ -684,14 +703,13 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                 })
                 .await
         }
-        _ => {
+        Family::Line => {
             // A fair lock's release: the plain lock's script, its waiters heard on their
             // owners' channels.
-            scripts
-                .release
+            script
                 .call(client, || {
                     (
-                        line_keys(keys).into(),
+                        script_keys(keys).into(),
                         Value::Array(vec![
                             Value::from(hold.owner.id_str().clone()),
                             Value::from(keys.released_str()),
@@ -699,7 +717,7 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
                             expected.map_or_else(|| word(""), |e| Value::from(e as i64)),
                             score.clone(),
                             life.clone(),
-                            word("o"),
+                            owners_channels(keys),
                             acquire.clone(),
                         ]),
                     )
@@ -709,17 +727,18 @@ async fn release_of_kind<C: crate::connection::ScriptConnection>(
     }
 }
 
-/// A lock's keys as its line's scripts take them (`scripts/release.lua`,
-/// `scripts/line/*.lua`): the hash, the fence counter, the waiters, their deadlines and the
-/// fixed leases they asked for.
-fn line_keys(keys: &LockKeys) -> Vec<Key> {
-    vec![
-        Key::from(keys.hash_str()),
-        Key::from(keys.fence_str()),
-        Key::from(keys.waiters_str()),
-        Key::from(keys.waiters_until_str()),
-        Key::from(keys.wants_str()),
-    ]
+/// `o` when a lock's waiters hear on their owners' channels (a fair lock's line), for
+/// `release.lua` and `release_after.lua`; a plain lock's hear on their client's.
+fn owners_channels(keys: &LockKeys) -> Value {
+    word(if keys.has_own_lines() { "o" } else { "" })
+}
+
+/// Refuses `unlock_after` for a kind whose holds have leases of their own.
+pub fn unlock_after_refused(keys: &LockKeys) -> LockError {
+    LockError::InvalidArgument(format!(
+        "unlock_after is not supported on a {}",
+        keys.traits().stored.described()
+    ))
 }
 
 /// One thing to renew: a grant of one owner on one lock, or a fair-lock waiter's entry.
@@ -753,25 +772,21 @@ pub async fn renew<C: crate::connection::ScriptConnection>(
             for r in holds {
                 let lock = &r.hold.keys;
                 args.push(Value::from(r.hold.owner.id_str().clone()));
-                match r.token {
-                    Some(token) if lock.is_read_write() || lock.is_semaphore() => {
+                let traits = lock.traits();
+                match (r.token, traits.lease_tag) {
+                    (Some(token), Some(tag)) => {
                         keys.push(Key::from(lock.hash_str()));
                         keys.push(Key::from(lock.leases()));
-                        let side = match lock.kind() {
-                            LockKind::Read => 'r',
-                            LockKind::Semaphore => 's',
-                            _ => 'w',
-                        };
-                        args.push(Value::from(format!("{side}{token}")));
+                        args.push(Value::from(format!("{tag}{token}")));
                     }
-                    Some(_) => {
+                    (Some(_), None) => {
                         keys.push(Key::from(lock.hash_str()));
                         args.push(token_arg(r.token));
                     }
-                    None => {
+                    (None, _) => {
                         keys.push(Key::from(lock.waiters()));
                         keys.push(Key::from(lock.waiters_until()));
-                        if !lock.is_read_write() {
+                        if traits.wants {
                             keys.push(Key::from(lock.wants()));
                             args.push(word("+"));
                         } else {
@@ -803,35 +818,23 @@ pub async fn leave_line<C: crate::connection::ScriptConnection>(
     known: Option<FencingToken>,
 ) -> Result<()> {
     let prefix = keys.waiter_channel_prefix();
-    let (script, list, args) = match keys.kind() {
-        LockKind::Semaphore | LockKind::Read | LockKind::Write => {
-            let script = if keys.is_semaphore() {
-                &scripts.sem_leave
-            } else {
-                &scripts.rw_leave
-            };
-            let args = vec![
-                Value::from(owner.id_str().clone()),
-                Value::from(prefix.as_str()),
-                token_arg(known),
-            ];
-            (script, script_keys(keys).0, args)
-        }
-        LockKind::Plain | LockKind::Fair => {
-            let args = vec![
-                Value::from(owner.id_str().clone()),
-                Value::from(prefix.as_str()),
-                token_arg(known),
-                word(if keys.is_fair() { "" } else { "c" }),
-            ];
-            (&scripts.line_leave, line_keys(keys), args)
-        }
-    };
-    let (_, names) = script_keys(keys);
-    let _: i64 = script
+    let traits = keys.traits();
+    let mut args = vec![
+        Value::from(owner.id_str().clone()),
+        Value::from(prefix.as_str()),
+        token_arg(known),
+    ];
+    // A lock's line also asks on whose channel its waiters hear.
+    if traits.family == Family::Line {
+        args.push(kind_argument(keys, 1));
+    }
+    let list = script_keys(keys);
+    let _: i64 = scripts
+        .of(traits.family)
+        .leave
         .call(client, || (list.clone().into(), Value::Array(args.clone())))
         .await
-        .map_err(|e| script_error(keys, &names, e))?;
+        .map_err(|e| script_error(keys, e))?;
     Ok(())
 }
 
@@ -848,19 +851,17 @@ pub async fn force_unlock<C: crate::connection::ScriptConnection>(
         .force_unlock
         .call(client, || {
             (
-                script_keys(keys).0.into(),
+                script_keys(keys).into(),
                 Value::Array(vec![
                     Value::from(keys.released_str()),
                     Value::from(prefix.as_str()),
                     // A plain handle tells a waiter on both channels: a plain and a fair lock
                     // keep the same keys, and an operator's tool may not know which it is.
-                    word(if keys.is_read_write() {
-                        "rw"
-                    } else if keys.is_fair() {
-                        "o"
+                    if keys.is_read_write() {
+                        word(Stored::ReadWrite.marker())
                     } else {
-                        ""
-                    }),
+                        owners_channels(keys)
+                    },
                 ]),
             )
         })
@@ -886,10 +887,7 @@ pub async fn hold_count<C: fred::interfaces::HashesInterface + Send + Sync>(
     keys: &LockKeys,
     owner: &Owner,
 ) -> Result<u64> {
-    let field = match keys.kind() {
-        LockKind::Read => format!("{}{}", crate::protocol::READ_FIELD_PREFIX, owner.id()),
-        _ => owner.id().to_string(),
-    };
+    let field = keys.kind().hold_field(owner.id());
     let count: Option<u64> = resend_not_run(|| client.hget(keys.hash_str(), field.as_str()))
         .await
         .map_err(|e| from_fred(e, &[keys.hash()]))?;

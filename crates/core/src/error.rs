@@ -351,12 +351,9 @@ pub(crate) fn from_fred(error: FredError, keys: &[&str]) -> LockError {
 
 /// A kind as a script names it in a `WRONGKIND` reply, in words for the error.
 pub(crate) fn kind_word(word: &str) -> &str {
-    match word {
-        "lock" => "lock",
-        "rw" => "read/write lock",
-        "semaphore" => "semaphore",
-        "latch" => "count-down latch",
-        other => other,
+    match crate::Stored::from_marker(word) {
+        Some(stored) => stored.described(),
+        None => word,
     }
 }
 

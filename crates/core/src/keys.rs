@@ -39,7 +39,8 @@ use std::sync::Arc;
 
 use bytes_utils::Str;
 
-use crate::{slot, LockError, Result};
+use crate::kind::{Entries, Family, Traits};
+use crate::{slot, LockError, LockKind, Result};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "leasehold";
@@ -123,32 +124,6 @@ struct KeyStrings {
     slot: u16,
     /// Which kind of lock these keys are for: its scripts differ.
     kind: LockKind,
-}
-
-/// The kind of lock a [`LockKeys`] is for: each kind has its own scripts over the same hash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LockKind {
-    /// The plain reentrant lock (`scripts/*.lua`).
-    Plain,
-    /// The fair lock (`scripts/line/`, and the plain lock's `release.lua`).
-    Fair,
-    /// A read/write lock's read side (`scripts/rw/`).
-    Read,
-    /// A read/write lock's write side (`scripts/rw/`).
-    Write,
-    /// A semaphore's permits (`scripts/sem/`): each acquisition is a hold of its own id.
-    Semaphore,
-}
-
-impl LockKind {
-    /// A read/write lock's other side; `None` for the other kinds.
-    pub fn other_side(self) -> Option<LockKind> {
-        match self {
-            LockKind::Read => Some(LockKind::Write),
-            LockKind::Write => Some(LockKind::Read),
-            LockKind::Plain | LockKind::Fair | LockKind::Semaphore => None,
-        }
-    }
 }
 
 impl KeyStrings {
@@ -331,6 +306,11 @@ impl LockKeys {
         self.0.kind
     }
 
+    /// Their kind's traits ([`LockKind::traits`]).
+    pub fn traits(&self) -> &'static Traits {
+        self.0.kind.traits()
+    }
+
     /// Whether these are a fair lock's keys.
     pub fn is_fair(&self) -> bool {
         self.0.kind == LockKind::Fair
@@ -338,19 +318,19 @@ impl LockKeys {
 
     /// Whether these are a read/write lock's keys (either side).
     pub fn is_read_write(&self) -> bool {
-        matches!(self.0.kind, LockKind::Read | LockKind::Write)
+        self.traits().family == Family::ReadWrite
     }
 
     /// Whether every waiting owner of this kind has its own entry in Redis's line
     /// (`P:{N}:waiters`) and its own channel: every kind but the plain lock, whose client's
     /// waiters share one entry (their head's) and the client's channel.
     pub fn has_own_lines(&self) -> bool {
-        self.0.kind != LockKind::Plain
+        self.traits().entries == Entries::EveryWaiter
     }
 
     /// Whether these are a semaphore's keys.
     pub fn is_semaphore(&self) -> bool {
-        self.0.kind == LockKind::Semaphore
+        self.traits().family == Family::Semaphore
     }
 
     /// `P:{N}:wants`: how many permits each of a semaphore's waiters wants.

@@ -15,8 +15,8 @@
 //! leasehold  the facade: LockClient, the waiting engine (try, register interest, sleep until a
 //!            wake-up, the holder's lease or the deadline), and each kind as a thin type (Lock)
 //! ```
-//! A new kind of lock is new scripts here, a small attempt adapter and a guard in the facade;
-//! it reuses the hold table, the waiting engine and the settling of unanswered commands.
+//! Each kind's traits are declared once ([`kind`]); a new kind of lock is a row there, new
+//! scripts here, a small attempt adapter and a guard in the facade; it reuses the hold table, the waiting engine and the settling of unanswered commands.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs, missing_debug_implementations)]
 #![forbid(unsafe_code)]
@@ -28,6 +28,7 @@ mod drop_guard;
 mod error;
 mod fence;
 mod keys;
+pub mod kind;
 mod lease;
 mod owner;
 pub mod protocol;
@@ -40,7 +41,8 @@ pub use connection::Redis;
 pub use drop_guard::DropGuard;
 pub use error::{LockError, RedisError, Result};
 pub use fence::FencingToken;
-pub use keys::{LockKeys, LockKind, Prefix, DEFAULT_PREFIX, MAX_NAME_LEN};
+pub use keys::{LockKeys, Prefix, DEFAULT_PREFIX, MAX_NAME_LEN};
+pub use kind::{LockKind, Stored};
 pub use lease::{Lease, MAX_LEASE};
 pub use owner::{ClientId, HoldId, Owner};
 pub use replica_sync::{ReplicaSync, Synced};

@@ -306,7 +306,40 @@ pub struct Scripts {
     pub latch_set_count: LuaScript,
 }
 
+/// The three scripts every family of kinds has ([`Scripts::of`]).
+#[derive(Clone, Copy, Debug)]
+pub struct FamilyScripts<'a> {
+    /// Acquire, re-enter, or wait in line.
+    pub acquire: &'a LuaScript,
+    /// Release one hold (and grant the line's head), or settle an unanswered command.
+    pub release: &'a LuaScript,
+    /// A waiter leaves the line, passing on a grant it never took.
+    pub leave: &'a LuaScript,
+}
+
 impl Scripts {
+    /// The scripts of a family of kinds.
+    pub fn of(&self, family: crate::kind::Family) -> FamilyScripts<'_> {
+        use crate::kind::Family;
+        match family {
+            Family::Line => FamilyScripts {
+                acquire: &self.line_acquire,
+                release: &self.release,
+                leave: &self.line_leave,
+            },
+            Family::ReadWrite => FamilyScripts {
+                acquire: &self.rw_acquire,
+                release: &self.rw_release,
+                leave: &self.rw_leave,
+            },
+            Family::Semaphore => FamilyScripts {
+                acquire: &self.sem_acquire,
+                release: &self.sem_release,
+                leave: &self.sem_leave,
+            },
+        }
+    }
+
     /// The scripts for `protocol`, built on first use and shared afterwards.
     pub fn for_protocol(protocol: Protocol) -> Arc<Scripts> {
         static BUILT: LazyLock<Mutex<HashMap<Protocol, Arc<Scripts>>>> =

@@ -25,17 +25,17 @@
 //! one of the few listed. Lock names are unbounded and are never a label.
 
 /// The lock kind label of the plain lock (reentrant or not).
-pub const KIND_LOCK: &str = "lock";
+pub const KIND_LOCK: &str = crate::LockKind::Plain.traits().label;
 /// The `kind` label of every kind, in [`KindMetrics`]'s order: the plain lock (reentrant or
 /// not), the fair lock, a read/write lock's read and write sides, a semaphore's permits, a
 /// count-down latch's waits.
 pub const KINDS: [&str; 6] = [
     KIND_LOCK,
-    "fair",
-    "rwlock_read",
-    "rwlock_write",
-    "semaphore",
-    "latch",
+    crate::LockKind::Fair.traits().label,
+    crate::LockKind::Read.traits().label,
+    crate::LockKind::Write.traits().label,
+    crate::LockKind::Semaphore.traits().label,
+    crate::Stored::Latch.marker(),
 ];
 
 /// The metrics of every kind in one client, each under its own `kind` label ([`KINDS`]).
@@ -55,19 +55,12 @@ impl KindMetrics {
 
     /// The metrics of the locks of `kind`.
     pub fn of(&self, kind: crate::LockKind) -> &LockMetrics {
-        use crate::LockKind;
-        &self.kinds[match kind {
-            LockKind::Plain => 0,
-            LockKind::Fair => 1,
-            LockKind::Read => 2,
-            LockKind::Write => 3,
-            LockKind::Semaphore => 4,
-        }]
+        &self.kinds[kind.index()]
     }
 
     /// A count-down latch's (its waits: acquisitions are waits that saw it open).
     pub fn latch(&self) -> &LockMetrics {
-        &self.kinds[5]
+        &self.kinds[crate::LockKind::ALL.len()]
     }
 }
 
