@@ -2,7 +2,7 @@
 //!
 //! The files name the protocol's words as placeholders (`@FENCE@`, `@GRANTED@`, `@EXPIRING@`,
 //! `@FREE@`, `@GRANT@`, `@PUBLISH@`) and the shared pieces they inline (`@NEXT_FENCE@`,
-//! `@JOIN_LINE@`, `@KEEP_PLACE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@LINE_GRANT@`, `@RW_COMMON@`,
+//! `@JOIN_LINE@`, `@KEEP_PLACE@`, `@RELEASE_HOLD@`, `@HAND_ON@`, `@LINE_COMMON@`, `@RW_COMMON@`,
 //! `@SEM_COMMON@`); [`Scripts::new`] fills them in from [`crate::protocol`] when a client is
 //! built, so Rust and Lua share one definition.
 //!
@@ -170,7 +170,7 @@ fn fill(template: &str, protocol: &Protocol) -> String {
         .replace("@HAND_ON@", files::LINE_HAND_ON)
         .replace("@SEM_COMMON@", files::SEM_COMMON)
         .replace("@RW_COMMON@", files::RW_COMMON)
-        .replace("@LINE_GRANT@", files::LINE_GRANT)
+        .replace("@LINE_COMMON@", files::LINE_COMMON)
         .replace("@NEXT_FENCE@", files::NEXT_FENCE)
         .replace("@JOIN_LINE@", files::JOIN_LINE)
         .replace("@KEEP_PLACE@", files::KEEP_PLACE)
@@ -254,9 +254,10 @@ pub mod files {
     pub const SEM_LEAVE: &str = include_str!("scripts/sem/leave.lua");
     /// `sem/set.lua`: set, try to set or change the number of permits; delete.
     pub const SEM_SET: &str = include_str!("scripts/sem/set.lua");
-    /// `line/grant.lua`: a grant's token, lease and message, inlined where the semaphore's and
-    /// the read/write lock's common pieces say `@LINE_GRANT@`.
-    pub const LINE_GRANT: &str = include_str!("scripts/line/grant.lua");
+    /// `line/common.lua`: what every line with an entry per waiter shares (emptied keys,
+    /// walking the line, refusing other kinds, a grant's token, lease and message), inlined
+    /// where the semaphore's and the read/write lock's common pieces say `@LINE_COMMON@`.
+    pub const LINE_COMMON: &str = include_str!("scripts/line/common.lua");
     /// `sem/common.lua`: the layout and helpers inlined where a script says `@SEM_COMMON@`.
     pub const SEM_COMMON: &str = include_str!("scripts/sem/common.lua");
     /// `latch/count_down.lua`: count a latch down; at zero it opens.

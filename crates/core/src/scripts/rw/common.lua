@@ -21,30 +21,17 @@
 -- Needs `t` (server TIME), `now_ms` (server time in ms) and `prefix` (the waiter channel
 -- prefix P:{N}:released:).
 --
--- While the slot migrates (Redis Cluster), Redis stops a script half-way ("non local key") at
--- the first command that names a key the script itself emptied: a zset whose last member it
--- removed, a hash it deleted. So the helpers note the zsets they empty (`gone`) and name them
--- no more, and the hash is not deleted when its last hold goes: it is `spent`, a hold granted
--- in it later replaces its fields in place, and otherwise `finish` deletes it as the script's
--- last command on that key. (A script that writes a zset it emptied, a waiter joining a line
--- that dropping dead entries emptied, is still stopped there: before its own changes.)
+-- The line's helpers are line/common.lua's. The hash is not deleted when its last hold goes:
+-- it is `spent`, a hold granted in it later replaces its fields in place, and otherwise
+-- `finish` deletes it as the script's last command on that key (a hash the script deleted
+-- could not be written again while the slot migrates).
+
+@LINE_COMMON@
 
 local READ = '@READ@'
-
--- The zsets among KEYS[3..5] that this script emptied (index -> true): their keys are gone.
-local gone = {}
 -- Whether the hash's last hold went in this script (the hash is then deleted by `finish`,
--- unless a turn is reserved or a hold granted in it first).
+-- unless a hold is granted in it first).
 local spent = false
-
--- Removes `members` (a list) from the zset KEYS[i], noting when that empties it.
-local function zrem(i, members)
-  if gone[i] or #members == 0 then
-    return
-  end
-  local size = redis.call('ZCARD', KEYS[i])
-  gone[i] = redis.call('ZREM', KEYS[i], unpack(members)) == size
-end
 
 -- Whether the zset KEYS[i] has members (a zset this script emptied is not asked).
 local function has_members(i)
@@ -148,8 +135,6 @@ local function granted_mark(count_field)
   return '@GRANTED@'
 end
 
-@LINE_GRANT@
-
 -- Grants the waiter `who` its read or write hold, as a release grants a lock's head
 -- (line/hand_on.lua): a new token, the mark, and a lease until its entry would have lapsed (a
 -- waiter that died meanwhile holds it no longer than its entry would have held its place; one
@@ -194,36 +179,23 @@ local function hand_on(except, releasing)
   end
   local held = not gone[5] and redis.call('ZCARD', KEYS[5]) > (releasing or 0)
   local granted = {}
-  local from = 0
-  while true do
-    local line = redis.call('ZRANGE', KEYS[3], from, from + 99, 'WITHSCORES')
-    local stop = #line < 200
-    for i = 1, #line, 2 do
-      local who = line[i]
-      local reading = not is_writer(line[i + 1])
-      if not reading and (from > 0 or i > 1 or held) then
-        stop = true
-        break
-      end
-      if who ~= except then
-        if gone[5] then
-          redis.call('@PUBLISH@', prefix .. who, '@FREE@')
-        else
-          grant(who, reading)
-          granted[#granted + 1] = who
-        end
-      end
-      if not reading then
-        stop = true
-        break
-      end
-      held = true
+  walk(function(who, score)
+    local reading = not is_writer(score)
+    -- A writer only first in line and with no hold left (each reader before it is one).
+    if not reading and held then
+      return false
     end
-    if stop then
-      break
+    if who ~= except then
+      if gone[5] then
+        redis.call('@PUBLISH@', prefix .. who, '@FREE@')
+      else
+        grant(who, reading)
+        granted[#granted + 1] = who
+      end
     end
-    from = from + 100
-  end
+    held = true
+    return reading
+  end)
   zrem(3, granted)
   zrem(4, granted)
   if #granted > 0 then
@@ -231,22 +203,7 @@ local function hand_on(except, releasing)
   end
 end
 
--- Refuses keys of another type ('WRONGTYPE <i> ...') and a name in use by another kind of
--- lock ('WRONGKIND <kind> rw': its hash is not marked '@KIND@' = 'rw'); nil when all is fine.
--- Every read/write lock hash carries the marker: the grants and the reservations write it.
+-- Refuses keys of another type and a name in use by another kind of lock (line/common.lua).
 local function wrong_type()
-  local want = {'hash', 'string', 'zset', 'zset', 'zset'}
-  for i = 1, 5 do
-    local kind = redis.call('TYPE', KEYS[i])['ok']
-    if kind ~= 'none' and kind ~= want[i] then
-      return redis.error_reply('WRONGTYPE ' .. i .. ' a read/write lock key holds another type')
-    end
-  end
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    local held_as = redis.call('HGET', KEYS[1], '@KIND@') or 'lock'
-    if held_as ~= 'rw' then
-      return redis.error_reply('WRONGKIND ' .. held_as .. ' rw')
-    end
-  end
-  return nil
+  return refuse_other_kinds({'hash', 'string', 'zset', 'zset', 'zset'}, 'rw', 'read/write lock')
 end

@@ -22,28 +22,14 @@
 -- Needs `t` (server TIME), `now_ms` (server time in ms) and `prefix` (the waiter channel
 -- prefix P:{N}:released:).
 --
--- While the slot migrates (Redis Cluster), Redis stops a script half-way ("non local key") at
--- the first command that names a key the script itself emptied, as a zset whose last member it
--- removed. So the helpers note the zsets they empty (`gone`) and name them no more. What the
--- waiters want has an entry per waiter in line: it is taken as emptied with the line. (The
--- hash is never emptied: it keeps the number of permits and the kind. A script that writes a
--- zset it emptied, a waiter joining a line that dropping dead entries emptied, is still
--- stopped there: before its own changes.)
+-- The line's helpers are line/common.lua's. What the waiters want has an entry per waiter in
+-- line: it is taken as emptied with the line. (The hash is never emptied: it keeps the number
+-- of permits and the kind.)
+
+@LINE_COMMON@
 
 local READ = '@READ@'
 local GRANTED = '@GRANTED@:'
-
--- The keys among KEYS[3..6] that this script emptied (index -> true): they are gone.
-local gone = {}
-
--- Removes `members` (a list) from the zset KEYS[i], noting when that empties it.
-local function zrem(i, members)
-  if gone[i] or #members == 0 then
-    return
-  end
-  local size = redis.call('ZCARD', KEYS[i])
-  gone[i] = redis.call('ZREM', KEYS[i], unpack(members)) == size
-end
 
 -- Takes waiters (a list of ids) out of the line: their entries, deadlines and wants.
 local function drop_waiters(ids)
@@ -106,8 +92,6 @@ local function wants(id)
   return tonumber(n) or 1, tonumber(lease)
 end
 
-@LINE_GRANT@
-
 -- Grants the waiters at the head of the line whose permits are there, in order: the first,
 -- and each next one while what they want together fits (a large request at the head is not
 -- overtaken by small ones). Each is granted as a release grants a lock's head
@@ -126,15 +110,12 @@ end
 local function hand_on(except, extra)
   local left = available() + (extra or 0)
   local granted, short = {}, false
-  local from = 0
-  while left > 0 and not gone[3] do
-    local line = redis.call('ZRANGE', KEYS[3], from, from + 99)
-    for _, who in ipairs(line) do
+  if left > 0 then
+    walk(function(who)
       local n, lease = wants(who)
       left = left - n
       if left < 0 then
-        from = -1
-        break
+        return false
       end
       if who ~= except then
         if gone[5] then
@@ -151,11 +132,8 @@ local function hand_on(except, extra)
           granted[#granted + 1] = who
         end
       end
-    end
-    if from < 0 or #line < 100 then
-      break
-    end
-    from = from + 100
+      return left > 0
+    end)
   end
   drop_waiters(granted)
   if short and not gone[3] then
@@ -166,22 +144,8 @@ local function hand_on(except, extra)
   end
 end
 
--- Refuses keys of another type ('WRONGTYPE <i> ...') and a name in use by another kind
--- ('WRONGKIND <kind> semaphore': its hash is not marked '@KIND@' = 'semaphore'); nil when all
--- is fine. Every semaphore hash carries the marker: the calls that create it write it.
+-- Refuses keys of another type and a name in use by another kind (line/common.lua).
 local function wrong_type()
-  local want = {'hash', 'string', 'zset', 'zset', 'zset', 'hash'}
-  for i = 1, 6 do
-    local kind = redis.call('TYPE', KEYS[i])['ok']
-    if kind ~= 'none' and kind ~= want[i] then
-      return redis.error_reply('WRONGTYPE ' .. i .. ' a semaphore key holds another type')
-    end
-  end
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    local held_as = redis.call('HGET', KEYS[1], '@KIND@') or 'lock'
-    if held_as ~= 'semaphore' then
-      return redis.error_reply('WRONGKIND ' .. held_as .. ' semaphore')
-    end
-  end
-  return nil
+  return refuse_other_kinds({'hash', 'string', 'zset', 'zset', 'zset', 'hash'}, 'semaphore',
+    'semaphore')
 end
