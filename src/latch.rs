@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::commands;
+use leasehold_core::protocol::LATCH_FIELD;
 use leasehold_core::telemetry::LockMetrics;
 use leasehold_core::{LockKeys, Result};
+use leasehold_pubsub::Place;
 use tokio::time::Instant;
 
 use crate::client::ClientInner;
@@ -250,6 +252,15 @@ impl Attempt for LatchAttempt<'_> {
                 Tried::Busy(None)
             },
         )
+    }
+
+    /// The opening of this wait's round (or a later one), heard on the release channel: the
+    /// count-down that opened it names the round, so the wait ends without another look.
+    fn heard(&mut self, place: &Place) -> Option<()> {
+        let began_in: u64 = self.round.as_ref()?.parse().ok()?;
+        place
+            .granted(LATCH_FIELD, began_in.saturating_sub(1))
+            .map(|_| ())
     }
 
     fn metrics(&self) -> &LockMetrics {

@@ -375,6 +375,61 @@ async fn a_latch_opens_for_every_waiter() {
     assert_eq!(lock_keys(&redis), Vec::<String>::new());
 }
 
+/// The count-down that opens a latch names the round it opened: every waiter of that round,
+/// on every client, goes on the message alone, without reading the latch again. A herd would
+/// cost one read per waiter (each local line's head looks, then each next one when it becomes
+/// head); the bound leaves room for a head's once-a-second look (kept in case a message is
+/// lost) falling in the moment the latch opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_opening_costs_its_waiters_no_read() {
+    let redis = server();
+    let url = redis.url();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&url).await);
+    }
+    let latch = clients[0].latch("opened").unwrap();
+    assert!(latch.try_set_count(1).await.unwrap());
+    let waiters_per_client = 2;
+    let mut waiters = Vec::new();
+    for client in &clients {
+        for _ in 0..waiters_per_client {
+            let latch = client.latch("opened").unwrap();
+            waiters.push(tokio::spawn(async move { latch.wait().await }));
+        }
+    }
+    let subscribed = || {
+        cmd(&redis, &["PUBSUB", "NUMSUB", "leasehold:{opened}:released"])
+            .as_array()
+            .unwrap()[1]
+            .as_int()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || clients
+            .iter()
+            .all(|c| c.waiters() == waiters_per_client)
+            && subscribed() == Some(clients.len() as i64))
+        .await,
+        "every waiter waits, every client subscribed"
+    );
+    let reads = || redis.command_calls("hmget").unwrap();
+    let before = reads();
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("every waiter goes")
+            .unwrap()
+            .unwrap();
+    }
+    let after = reads() - before;
+    let herd = (clients.len() * waiters_per_client) as u64;
+    assert!(
+        after < herd / 2,
+        "{after} reads of the latch after it opened (a herd costs {herd})"
+    );
+}
+
 /// A waiter whose opening message is lost (its subscriber connection killed just before the
 /// count reaches zero) still goes: the reconnect wakes it, and the timer looks again anyway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
