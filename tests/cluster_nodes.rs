@@ -1827,6 +1827,116 @@ async fn a_semaphore_waiter_giving_up_leaves_whole_while_its_slot_migrates() {
     permit.release().await.unwrap();
 }
 
+/// Permits added for a semaphore's waiter while the semaphore's slot is migrating: the set
+/// script grants the waiter in the same call and runs whole, and the waiter has its permit
+/// before the migration ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_added_for_a_waiter_run_whole_while_the_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-semaphore-set";
+    let semaphore = a.semaphore(name).unwrap();
+    let keys = semaphore.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(semaphore.try_set_permits(1).await.unwrap());
+    // A permit held keeps the leases zset there: the grant writes into it.
+    let held = semaphore.acquire(1).await.unwrap();
+    let before = cluster.node(from).command_calls("evalsha").unwrap();
+    let waiter = {
+        let semaphore = b.semaphore(name).unwrap();
+        tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_secs(60)).await })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    until_subscribed_after_tries(&cluster, from, &keys, before, 2).await;
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    semaphore.add_permits(1).await.expect("the set ran whole");
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the waiter during the migration: {granted:?}; {stopped} script(s) stopped");
+    let permit = granted
+        .expect("granted during the migration")
+        .unwrap()
+        .unwrap()
+        .expect("a permit");
+    assert_eq!(stopped, 0, "the set and its grant ran whole");
+    migration.finish().unwrap();
+    permit.release().await.unwrap();
+    held.release().await.unwrap();
+}
+
+/// The count-down that opens a latch, with a waiter waiting, while the latch's slot is
+/// migrating: the script runs whole (the hash goes as its last command on the key) and the
+/// waiter is told before the migration ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_down_opening_a_latch_runs_whole_while_its_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let a = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let b = cluster_client_with_lease(&cluster, Duration::from_secs(30)).await;
+    let name = "migrating-latch";
+    let latch = a.latch(name).unwrap();
+    let released = a.lock(name).unwrap().keys().released().to_string();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(latch.try_set_count(1).await.unwrap());
+    let waiter = {
+        let latch = b.latch(name).unwrap();
+        tokio::spawn(async move { latch.wait_for(Duration::from_secs(60)).await })
+    };
+    // Without sharded pub/sub (Redis 6.2) the subscription may be on any node.
+    let sharded = cluster.node(from).has_command("spublish").unwrap();
+    let subscribed = |at: usize| {
+        let subcommand = if sharded { "SHARDNUMSUB" } else { "NUMSUB" };
+        cluster
+            .node(at)
+            .command(&["PUBSUB", subcommand, &released])
+            .unwrap()
+            .as_array()
+            .and_then(|reply| reply.get(1).and_then(|n| n.as_int()))
+            .is_some_and(|n| n > 0)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || if sharded {
+            subscribed(from)
+        } else {
+            (0..cluster.nodes().len())
+                .filter(|&at| cluster.node(at).is_running())
+                .any(subscribed)
+        })
+        .await,
+        "the waiter is subscribed"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    assert_eq!(
+        latch.count_down().await.expect("the count-down ran whole"),
+        0
+    );
+    let opened = tokio::time::timeout(Duration::from_secs(10), waiter).await;
+    let stopped = err_replies(&cluster, from) - errors;
+    eprintln!("the waiter during the migration: {opened:?}; {stopped} script(s) stopped");
+    assert!(
+        opened
+            .expect("told during the migration")
+            .unwrap()
+            .expect("no error"),
+        "the latch opened"
+    );
+    assert_eq!(stopped, 0, "the count-down ran whole");
+    migration.finish().unwrap();
+}
+
 /// A waiter's shard subscription made just as its slot moves: `SSUBSCRIBE` reaches the old
 /// owner, the slot then moves (the old owner drops the subscription) and the subscriber's slot
 /// map is resynced before the client notes where the subscription was made. The slot follower
