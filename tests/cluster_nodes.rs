@@ -1876,6 +1876,59 @@ async fn permits_added_for_a_waiter_run_whole_while_the_slot_migrates() {
     held.release().await.unwrap();
 }
 
+/// The watchdog's renewals run whole while the slot migrates: a semaphore's permit (its hash
+/// and its lease in the leases zset) and a waiter's entry (the line, its deadline and what it
+/// wants) outlive three leases of a migration, and the waiter is granted the permit after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_run_whole_while_the_slot_migrates() {
+    let cluster = start_cluster_with_scripts();
+    let lease = Duration::from_millis(1500);
+    let a = cluster_client_with_lease(&cluster, lease).await;
+    let b = cluster_client_with_lease(&cluster, lease).await;
+    let name = "migrating-renewals";
+    let semaphore = a.semaphore(name).unwrap();
+    let keys = semaphore.keys().clone();
+    let (slot, to) = slot_and_target(&cluster, &a, name);
+    let from = cluster.owner_of_slot(slot).unwrap();
+    assert!(semaphore.try_set_permits(1).await.unwrap());
+    let held = semaphore.acquire(1).await.unwrap();
+    let waiter = {
+        let semaphore = b.semaphore(name).unwrap();
+        tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_secs(60)).await })
+    };
+    let line = keys.waiters();
+    assert!(
+        eventually(Duration::from_secs(10), || zset_members(
+            &cluster, from, &line
+        )
+        .len()
+            == 1)
+        .await,
+        "the waiter is in line"
+    );
+    let errors = err_replies(&cluster, from);
+    let migration = cluster.begin_slot_migration(slot, to).unwrap();
+    // Three leases: without a renewal the permit and the entry would both have lapsed.
+    tokio::time::sleep(3 * lease).await;
+    let stopped = err_replies(&cluster, from) - errors;
+    assert!(held.is_held(), "the permit's lease was kept");
+    assert_eq!(
+        zset_members(&cluster, from, &line).len(),
+        1,
+        "the waiter kept its place"
+    );
+    assert!(!waiter.is_finished(), "the waiter still waits");
+    assert_eq!(stopped, 0, "every renewal ran whole");
+    migration.finish().unwrap();
+    held.release().await.unwrap();
+    let permit = within(Duration::from_secs(10), "the waiter's grant", waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the permit, once released");
+    permit.release().await.unwrap();
+}
+
 /// The count-down that opens a latch, with a waiter waiting, while the latch's slot is
 /// migrating: the script runs whole (the hash goes as its last command on the key) and the
 /// waiter is told before the migration ends.
