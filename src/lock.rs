@@ -263,8 +263,8 @@ impl Lock {
         self.acquire(Some(wait), Some(lease)).await
     }
 
-    /// Whether any owner holds the lock right now (a turn reservation or an `unlock_after`
-    /// tail counts as held). A snapshot, for dashboards and checks: it may change as soon as it
+    /// Whether any owner holds the lock right now (a grant the line made to a waiter that has
+    /// not taken it yet, and an `unlock_after` tail, count as held). A snapshot, for dashboards and checks: it may change as soon as it
     /// is read, so to act on a free lock, [`try_lock`](Lock::try_lock) it.
     ///
     /// ```
@@ -368,7 +368,7 @@ impl Lock {
     }
 
     /// As [`Lock::acquire`], and a one-try acquire that found the lock busy says for how long
-    /// at most (the holder's remaining lease, or a reservation's): a caller that waits its own
+    /// at most (the holder's remaining lease, or a dead waiter's entry ahead): a caller that waits its own
     /// way (a [`RedLock`](crate::RedLock)) sleeps on it.
     pub(crate) async fn acquire_tried(
         &self,

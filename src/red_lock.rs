@@ -3,8 +3,8 @@
 //!
 //! # Implementation details
 //! A [`QuorumLock`] is one [`Lock`] handle per server. One **round** tries every server's lock
-//! at once, each within the per-server timeout (a one-try acquire, so no server keeps a queue
-//! entry or a turn for us):
+//! at once, each within the per-server timeout (a one-try acquire, so no server keeps a line
+//! entry or a grant for us: see docs/red-lock.md for why):
 //!
 //! - granted on a quorum (N/2+1) with validity left (`lease - elapsed - drift`): the members
 //!   that granted are the [`QuorumGuard`]. The round waits for the other servers no longer than

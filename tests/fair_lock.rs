@@ -370,6 +370,55 @@ async fn a_grant_the_line_made_outlives_the_settle_of_the_waiters_unanswered_try
     assert_eq!(order.served(), ["head", "behind"]);
 }
 
+/// A live waiter keeps a grant the line made to it for as long as it cannot take it: its
+/// client's replies come too late for a while (a slow link past the command timeout), so it
+/// hears its grant too late to take it from the message and its tries go unanswered, but its
+/// entry's renewals still reach Redis, and they keep the grant alive. The waiter behind it does
+/// not get in first, however long the slow spell lasts.
+///
+/// Failed before: the grant lasted only as long as the waiter's entry would have (one lease
+/// after its last renewal), and nothing renewed it; it lapsed during the slow spell and the
+/// waiter behind took the lock (order ["behind", "head"]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_waiter_keeps_a_grant_it_cannot_take_yet() {
+    let redis = server();
+    let name = "fair:kept-grant";
+    let lease = Duration::from_millis(1500);
+    let holder = client(&redis.url()).await;
+    let lock = holder.fair_lock(name).unwrap();
+    let guard = lock.lock().await.unwrap();
+    let (proxy, slow) = common::slow_client_with_lease(&redis, lease).await;
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let lock = slow.fair_lock(name).unwrap();
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    let waiters = lock.keys().waiters();
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client_with_lease(&redis.url(), lease).await;
+    let behind = order.spawn("behind", {
+        let lock = fast.fair_lock(name).unwrap();
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    common::until_head_renewed_twice(&redis, lock.keys()).await;
+    // Replies (and the grant's message) now come after the slow client's command timeout; its
+    // commands still reach Redis, late.
+    proxy.set_latency(Duration::from_millis(400));
+    guard.unlock().await.unwrap();
+    // Three leases: long past what the grant's own lease would have lasted.
+    tokio::time::sleep(3 * lease).await;
+    assert!(
+        order.served().is_empty(),
+        "served during the slow spell: {:?}",
+        order.served()
+    );
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}
+
 /// A fair lock's hold extends like the plain lock's: its expiry in Redis and its deadline
 /// move, and another owner still finds it held.
 #[tokio::test]

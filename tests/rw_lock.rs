@@ -11,6 +11,47 @@ use common::{client, client_with_lease, eventually, lock_keys, server, until_que
 use leasehold::{LockClient, LockError};
 use tokio::time::Instant;
 
+/// A live reader keeps the read hold the line granted it for as long as it cannot take it (its
+/// link slow past the command timeout, its entry's renewals still reaching Redis): the writer
+/// waiting behind it does not get in first. As the fair lock's
+/// `a_live_waiter_keeps_a_grant_it_cannot_take_yet`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_reader_keeps_a_read_grant_it_cannot_take_yet() {
+    let redis = server();
+    let name = "rw:kept-grant";
+    let lease = Duration::from_millis(1500);
+    let holder = client(&redis.url()).await;
+    let rw = holder.rw_lock(name).unwrap();
+    let writing = rw.write().lock().await.unwrap();
+    let (proxy, slow) = common::slow_client_with_lease(&redis, lease).await;
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let rw = slow.rw_lock(name).unwrap();
+        async move { rw.read().lock().await.map(|g| g.detach()) }
+    });
+    let keys = rw.write().keys().clone();
+    until_queued(&redis, &keys.waiters(), 1).await;
+    let fast = client_with_lease(&redis.url(), lease).await;
+    let behind = order.spawn("behind", {
+        let rw = fast.rw_lock(name).unwrap();
+        async move { rw.write().lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &keys.waiters(), 2).await;
+    common::until_head_renewed_twice(&redis, &keys).await;
+    proxy.set_latency(Duration::from_millis(400));
+    writing.unlock().await.unwrap();
+    tokio::time::sleep(3 * lease).await;
+    assert!(
+        order.served().is_empty(),
+        "served during the slow spell: {:?}",
+        order.served()
+    );
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}
+
 #[tokio::test]
 async fn readers_share_and_a_writer_excludes() {
     let redis = server();

@@ -331,6 +331,48 @@ async fn cancelled_acquisitions_leave_nothing_behind() {
     assert_eq!(semaphore.available_permits().await.unwrap(), 2);
 }
 
+/// A live waiter keeps the permits the line granted it for as long as it cannot take them (its
+/// link slow past the command timeout, its entry's renewals still reaching Redis): the waiter
+/// behind does not get them first. As the fair lock's
+/// `a_live_waiter_keeps_a_grant_it_cannot_take_yet`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_waiter_keeps_permits_it_cannot_take_yet() {
+    let redis = server();
+    let name = "sem:kept-grant";
+    let lease = Duration::from_millis(1500);
+    let holder = client(&redis.url()).await;
+    let semaphore = holder.semaphore(name).unwrap();
+    assert!(semaphore.try_set_permits(1).await.unwrap());
+    let permit = semaphore.acquire(1).await.unwrap();
+    let (proxy, slow) = common::slow_client_with_lease(&redis, lease).await;
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let semaphore = slow.semaphore(name).unwrap();
+        async move { semaphore.acquire(1).await }
+    });
+    let waiters = semaphore.keys().waiters();
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client_with_lease(&redis.url(), lease).await;
+    let behind = order.spawn("behind", {
+        let semaphore = fast.semaphore(name).unwrap();
+        async move { semaphore.acquire(1).await }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    common::until_head_renewed_twice(&redis, semaphore.keys()).await;
+    proxy.set_latency(Duration::from_millis(400));
+    permit.release().await.unwrap();
+    tokio::time::sleep(3 * lease).await;
+    assert!(
+        order.served().is_empty(),
+        "served during the slow spell: {:?}",
+        order.served()
+    );
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}
+
 /// The latch: several clients count down; waiters on every client go when it reaches zero.
 #[tokio::test]
 async fn a_latch_opens_for_every_waiter() {

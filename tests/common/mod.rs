@@ -461,3 +461,44 @@ impl Drop for Messages {
         self.collector.abort();
     }
 }
+
+/// A client behind its own proxy with a 200 ms command timeout and `lease`: a waiter whose link
+/// turns slow ([`Proxy::set_latency`](leasehold_testkit::Proxy::set_latency) past the timeout)
+/// hears late and its tries go unanswered, while its commands (the renewals too) still reach
+/// Redis.
+pub async fn slow_client_with_lease(
+    redis: &RedisServer,
+    lease: Duration,
+) -> (leasehold_testkit::Proxy, LockClient) {
+    let proxy = leasehold_testkit::Proxy::start(redis.addr()).await.unwrap();
+    let client = LockClient::builder(&proxy.url())
+        .command_timeout(Duration::from_millis(200))
+        .lease(lease)
+        .build()
+        .await
+        .expect("connect");
+    (proxy, client)
+}
+
+/// Waits until the entry of the head of the line `keys` has been renewed twice (its deadline
+/// moved twice): it has waited long enough that a grant message coming late is too late to
+/// take, and its grant is taken by a try.
+pub async fn until_head_renewed_twice(redis: &RedisServer, keys: &leasehold::LockKeys) {
+    let head = cmd(redis, &["ZRANGE", &keys.waiters(), "0", "0"])
+        .as_array()
+        .unwrap()[0]
+        .as_str()
+        .expect("a waiter in line");
+    let deadline = || {
+        cmd(redis, &["ZSCORE", &keys.waiters_until(), &head])
+            .as_str()
+            .and_then(|s| s.parse::<f64>().ok())
+    };
+    for _ in 0..2 {
+        let before = deadline();
+        assert!(
+            eventually(Duration::from_secs(10), || deadline() > before).await,
+            "the head's entry is renewed"
+        );
+    }
+}

@@ -57,7 +57,7 @@ pub enum Acquire {
     /// Held by another owner (or granted to another waiter by the line).
     Held {
         /// How long the lock stays so at most without a message to this waiter: the holder's
-        /// lease, a reservation's, or a dead waiter's entry ahead (`None`: no TTL).
+        /// lease, or a dead waiter's entry ahead (`None`: no TTL).
         ttl: Option<Duration>,
         /// A waiter's try of a kind with a line of its own: the waiter's place (its score in
         /// the line). A settle of a later try of the waiter puts it back there.
@@ -741,12 +741,13 @@ pub fn unlock_after_refused(keys: &LockKeys) -> LockError {
     ))
 }
 
-/// One thing to renew: a grant of one owner on one lock, or a fair-lock waiter's entry.
+/// One thing to renew: a grant of one owner on one lock, or a waiter's entry in a lock's line
+/// (and with it a grant the line made to that waiter that it has not taken yet).
 #[derive(Clone, Debug)]
 pub struct Renewal {
     /// The hold (for an entry: the lock and the waiting owner).
     pub hold: HoldId,
-    /// The token of the grant it belongs to; `None` for a fair-lock waiter's queue entry.
+    /// The token of the grant it belongs to; `None` for a waiter's entry.
     pub token: Option<FencingToken>,
 }
 
@@ -784,14 +785,22 @@ pub async fn renew<C: crate::connection::ScriptConnection>(
                         args.push(token_arg(r.token));
                     }
                     (None, _) => {
-                        keys.push(Key::from(lock.waiters()));
-                        keys.push(Key::from(lock.waiters_until()));
-                        if traits.wants {
-                            keys.push(Key::from(lock.wants()));
-                            args.push(word("+"));
-                        } else {
-                            args.push(token_arg(None));
+                        // A waiter's entry: its line's keys in the kind's scripts' order, but
+                        // the fence counter (the renewal keeps a grant the line made to it).
+                        keys.push(Key::from(lock.hash_str()));
+                        keys.push(Key::from(lock.waiters_str()));
+                        keys.push(Key::from(lock.waiters_until_str()));
+                        if traits.stored.has_leases() {
+                            keys.push(Key::from(lock.leases()));
                         }
+                        if traits.wants {
+                            keys.push(Key::from(lock.wants_str()));
+                        }
+                        args.push(word(match traits.stored {
+                            Stored::ReadWrite => "er",
+                            Stored::Semaphore => "es",
+                            Stored::Lock | Stored::Latch => "el",
+                        }));
                     }
                 }
             }
@@ -870,7 +879,7 @@ pub async fn force_unlock<C: crate::connection::ScriptConnection>(
     Ok(removed == 1)
 }
 
-/// Whether any owner holds (or a turn reserves) the lock.
+/// Whether any owner holds the lock (or was granted it by the line and has not taken it yet).
 pub async fn is_locked<C: fred::interfaces::KeysInterface + Send + Sync>(
     client: &C,
     keys: &LockKeys,

@@ -592,9 +592,17 @@ impl LockModel {
             .collect();
         let mut keys = Vec::new();
         let mut argv = vec![self.config.lease_ms.to_string()];
+        // A lock's entry, as the client renews it (commands::renew): the hash, the line, the
+        // deadlines and the wants ('el'), so that a grant the line made to the waiter is kept
+        // too.
         for &w in &due {
-            keys.extend([self.keys.waiters(), self.keys.waiters_until()]);
-            argv.extend([Self::owner(client, w), String::new()]);
+            keys.extend([
+                self.keys.hash().to_string(),
+                self.keys.waiters(),
+                self.keys.waiters_until(),
+                self.keys.wants(),
+            ]);
+            argv.extend([Self::owner(client, w), "el".to_string()]);
         }
         let ran = self.script(s, &self.scripts.renew, keys, argv, false);
         note.said(
