@@ -633,8 +633,10 @@ impl Attempt for LockAttempt<'_> {
                 return Ok(Tried::Busy(Some(Duration::ZERO)));
             }
         }
-        if in_line && self.entry.is_none() && matches!(tried, Ok(Tried::Busy(_))) {
-            // The try queued the owner: from now on its entry must be renewed.
+        if in_line && self.entry.is_none() && matches!(tried, Ok(Tried::Busy(_)) | Err(_)) {
+            // The try queued the owner, or may have (its reply never came): from now on its
+            // entry must be renewed, and with it a grant the line makes to it before this
+            // waiter can take it (renew.lua).
             self.entry = Some(self.client.holds.keep_waiting(&self.hold));
         }
         tried

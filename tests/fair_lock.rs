@@ -419,6 +419,51 @@ async fn a_live_waiter_keeps_a_grant_it_cannot_take_yet() {
     assert_eq!(order.served(), ["head", "behind"]);
 }
 
+/// A waiter none of whose replies ever came (its link slow past the command timeout from its
+/// first try on, so its client never learned its place in line) keeps the grant the line made
+/// to it: each of its tries takes the grant, and each settle of such a try (its reply lost
+/// too) leaves it, since the grant stays marked as the line's. The waiter behind does not get
+/// in first, however long the slow spell lasts.
+///
+/// Failed before: a try that took the grant unmarked it, and its settle, knowing no place to
+/// put the waiter back in, took the grant back and handed the lock to the waiter behind
+/// (served during the slow spell: ["behind"]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_never_answered_keeps_the_grant_its_tries_take() {
+    let redis = server();
+    let name = "fair:never-answered";
+    let lease = Duration::from_millis(1500);
+    let holder = client(&redis.url()).await;
+    let lock = holder.fair_lock(name).unwrap();
+    let guard = lock.lock().await.unwrap();
+    let (proxy, slow) = common::slow_client_with_lease(&redis, lease).await;
+    proxy.set_latency(Duration::from_millis(400));
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let lock = slow.fair_lock(name).unwrap();
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    let waiters = lock.keys().waiters();
+    until_queued(&redis, &waiters, 1).await;
+    let fast = client_with_lease(&redis.url(), lease).await;
+    let behind = order.spawn("behind", {
+        let lock = fast.fair_lock(name).unwrap();
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &waiters, 2).await;
+    guard.unlock().await.unwrap();
+    tokio::time::sleep(3 * lease).await;
+    assert!(
+        order.served().is_empty(),
+        "served during the slow spell: {:?}",
+        order.served()
+    );
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}
+
 /// A fair lock's hold extends like the plain lock's: its expiry in Redis and its deadline
 /// move, and another owner still finds it held.
 #[tokio::test]

@@ -8,7 +8,7 @@
 //!   lock to the head of the line): hash `P:{N}` of owner id -> hold count and `~fence` -> the
 //!   grant's token, plus `~granted` -> `1` while the grant is one the line made (a release, a
 //!   waiter leaving or a force unlock granted the lock to the first live waiter, which wakes
-//!   holding it: its own try then takes the grant and drops the mark), or `~expiring` after
+//!   holding it; the mark stays until the hold ends), or `~expiring` after
 //!   `unlock_after`. Its waiters are in `P:{N}:waiters` (owner id -> arrival, server
 //!   microseconds) and `P:{N}:waiters:until` (owner id -> the entry's deadline, server
 //!   milliseconds): one entry per waiting client for a plain lock (its first waiting task's
@@ -19,14 +19,14 @@
 //!   owner id, `<owner id>` -> write hold count and `~fence` -> its token; per reader
 //!   `~r:<owner id>` -> read hold count and `~rf:<owner id>` -> its token; a hold the line
 //!   granted (a release handed it to a waiter) is marked `~granted` (a writer's) or
-//!   `~granted:~r:<owner id>` (a reader's) until the waiter's try takes it. `P:{N}:leases` keeps each hold's deadline
+//!   `~granted:~r:<owner id>` (a reader's) until the hold ends. `P:{N}:leases` keeps each hold's deadline
 //!   (the writer's owner id, or `~r:<owner id>` -> server milliseconds). Its waiters are in
 //!   `P:{N}:waiters` as a lock's, scored arrival * 2 + 1 for a writer and arrival * 2 for a
 //!   reader;
 //! * a semaphore: hash `P:{N}` (no TTL) with `~permits` -> the number of permits and `~used`
 //!   -> the permits taken now; per acquisition (its id is an owner id) `~r:<id>` -> the permits
 //!   it holds and `~rf:<id>` -> its token, with `~granted:<id>` while the grant is one a
-//!   release made (the line's, not yet taken by the waiter's own try). `P:{N}:leases` keeps
+//!   release made (the line's; kept when the waiter takes it, until the permits go back). `P:{N}:leases` keeps
 //!   each acquisition's deadline
 //!   (`~r:<id>` -> server milliseconds; an expired one returns its permits at the semaphore's
 //!   next call). Its waiters are in `P:{N}:waiters` (id -> arrival, server microseconds, as
@@ -602,7 +602,7 @@ mod tests {
     #[test]
     fn a_grant_the_line_made_lists_only_its_owner() {
         // A release (or a force unlock) granted the lock to the first live waiter in place:
-        // `~granted` marks it until the waiter's own try takes the grant; it is no holder.
+        // `~granted` marks it until the hold ends; it is no holder.
         let fields = map(&[("w:t7", "1"), ("~fence", "21"), ("~granted", "1")]);
         for queued in [None, Some(Kind::Lock)] {
             let reading = read_hash(&fields, queued, &HashMap::new()).unwrap();
@@ -742,7 +742,7 @@ mod tests {
             ("~rf:a:o1", "12"),
             ("~r:b:o4", "1"),
             ("~rf:b:o4", "9"),
-            // A grant the line made, not taken yet: its mark is not a holder.
+            // A grant the line made: its mark is not a holder.
             ("~granted:b:o4", "1"),
         ]);
         let leases = HashMap::from([("~r:a:o1".to_string(), 4_000), ("~r:b:o4".to_string(), -30)]);

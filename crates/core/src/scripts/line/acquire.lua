@@ -85,11 +85,12 @@ end
 -- was lost: replaced, as the plain lock does, unless the handle is non-reentrant).
 local pttl = redis.call('PTTL', KEYS[1])
 local free = pttl == -2
-local mine = false
+local mine, marked = false, false
 if not free then
   local fields = redis.call('HMGET', KEYS[1], owner, '@GRANTED@')
   if fields[1] then
-    mine = ARGV[4] ~= 'n' or (mode == 'w' and fields[2] ~= false)
+    marked = fields[2] ~= false
+    mine = ARGV[4] ~= 'n' or (mode == 'w' and marked)
   end
 end
 
@@ -114,10 +115,13 @@ if free or mine then
       -- A grant of the line taken, or an orphan replaced: the old fields go but the key stays,
       -- for a slot that migrates (Redis Cluster) stops a script that deletes a key and writes it
       -- again ("non local key").
+      -- A grant of the line keeps its mark: should this try's reply be lost, its settle must
+      -- leave the grant (the line's, made to this waiter as the head) rather than take it back
+      -- with the waiter's place, which the grant took out of the line.
       local old = redis.call('HKEYS', KEYS[1])
       redis.call('HSET', KEYS[1], owner, '1', '@FENCE@', fence)
       for i = 1, #old do
-        if old[i] ~= owner and old[i] ~= '@FENCE@' then
+        if old[i] ~= owner and old[i] ~= '@FENCE@' and not (marked and old[i] == '@GRANTED@') then
           redis.call('HDEL', KEYS[1], old[i])
         end
       end

@@ -58,13 +58,13 @@ local function extend()
 end
 
 -- A grant the line made to this waiter is taken as its own: a new token, and the lease it asks
--- for. (Its hold is in the leases zset: no script emptied it.)
+-- for. (Its hold is in the leases zset: no script emptied it.) It keeps its mark, so that the
+-- settle of this try, should its reply be lost, leaves it (line/acquire.lua says why).
 local mark = granted_mark(count_field)
 if mode == 'w' and redis.call('HEXISTS', KEYS[1], mark) == 1
     and redis.call('HEXISTS', KEYS[1], count_field) == 1 then
   local fence = next_fence()
   redis.call('HSET', KEYS[1], fence_field, fence)
-  redis.call('HDEL', KEYS[1], mark)
   zrem(3, {owner})
   zrem(4, {owner})
   extend()

@@ -45,8 +45,8 @@ if redis.call('HEXISTS', KEYS[1], member) == 1 then
   if mode == 'w' and redis.call('HEXISTS', KEYS[1], GRANTED .. id) == 1 then
     local fence = next_fence()
     redis.call('ZADD', KEYS[5], now_ms + lease, member)
+    -- (The mark stays: should this try's reply be lost, its settle leaves the grant.)
     redis.call('HSET', KEYS[1], '@READ_FENCE@' .. id, fence)
-    redis.call('HDEL', KEYS[1], GRANTED .. id)
     return fence
   end
   drop_permit(member)
