@@ -1410,6 +1410,7 @@ fn rw_checks(
 ) {
     let rw_ops = || ops.values().filter(|o| o.ty == LockType::ReadWrite);
     let (mut attempts, mut refused, mut reentered, mut unjudged) = (0, 0, 0, 0);
+    let mut upgrades_after_loss = 0;
     let (mut downgrades, mut at_once, mut refused_by_loss, mut dg_errors) = (0, 0, 0, 0);
     let mut downgrade_refused = 0;
     // Refusals outside the attempts (joined ops, a write after an unseen read hold).
@@ -1436,6 +1437,18 @@ fn rw_checks(
             }
             if op.granted.as_ref().is_some_and(|g| g.hold_count > 1) {
                 reentered += 1;
+                continue;
+            }
+            // Redis lost its data since the read's acquire began: the read hold may be gone
+            // from Redis while its holder still believes it (until its next renewal), and a
+            // re-entry of the owner's write then finds nothing and is granted afresh.
+            let read_began = ops
+                .get(&(client, gen, under))
+                .map_or(op.begin, |read| read.begin);
+            let op_end = op.call_end().unwrap_or(i64::MAX);
+            if op.granted.is_some() && last_restart_within(op.res, read_began, op_end).is_some() {
+                upgrades_after_loss += 1;
+                upgraded.remove(&op.key);
                 continue;
             }
             let outcome = match (&op.granted, &op.failed, op.ended) {
@@ -1501,7 +1514,7 @@ fn rw_checks(
         must_be_zero: true,
         note: format!(
             "{attempts} attempts judged against the read hold they were asked under, {refused} \
-             refused"
+             refused; not counted: {upgrades_after_loss} granted after Redis lost its data"
         ),
     });
     report.checks.push(CheckLine {
@@ -3781,6 +3794,25 @@ pub(super) mod tests {
         );
         // The read's lease was lost during the call: the write may rightly go to Redis.
         assert!(run(&upgrade_attempt(not_granted, false), &[], &[]).passed());
+    }
+
+    /// An upgrade attempt granted afresh (hold count 1) after Redis lost its data since the
+    /// read's acquire began: the read may be gone from Redis while its holder still believes
+    /// it, and the owner's write (held too, re-entered by the attempt) was lost with it.
+    #[test]
+    fn an_upgrade_granted_after_redis_lost_its_data_is_counted_apart() {
+        let granted = Event::Granted {
+            t: 600,
+            op: 2,
+            owner: "a".into(),
+            token: Some(30),
+            hold_count: 1,
+        };
+        let report = run(&upgrade_attempt(granted.clone(), true), &[], &[]);
+        assert_eq!(report.count(RW_UPGRADE), 1, "{report}");
+        let restart = fault(FaultKind::RedisRestart, None, 300, 450);
+        let report = run(&upgrade_attempt(granted, true), &[restart], &[]);
+        assert_eq!(report.count(RW_UPGRADE), 0, "{report}");
     }
 
     #[test]
