@@ -464,6 +464,57 @@ async fn a_waiter_never_answered_keeps_the_grant_its_tries_take() {
     assert_eq!(order.served(), ["head", "behind"]);
 }
 
+/// A waiter whose first try found the lock free and took it, but whose reply never came (its
+/// link slow past the command timeout), keeps that grant: a waiter's grant is marked as the
+/// line's, so the settle of its try leaves it, and the waiter, still waiting, takes it when a
+/// reply finally comes. The waiter that lined up behind it meanwhile does not get in first.
+///
+/// Failed before: the settle took the grant back, and with no place in line to put the waiter
+/// back in (its try had been granted at once), the lock went to the waiter behind (served
+/// during the slow spell: ["behind"]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_unanswered_first_try_took_a_free_lock_keeps_it() {
+    let redis = server();
+    let name = "fair:first-try-unanswered";
+    let lease = Duration::from_millis(1500);
+    let fast = client_with_lease(&redis.url(), lease).await;
+    let lock = fast.fair_lock(name).unwrap();
+    let (proxy, slow) = common::slow_client_with_lease(&redis, lease).await;
+    let owner = slow.new_owner();
+    proxy.set_latency(Duration::from_millis(400));
+    let order = common::Order::default();
+    let head = order.spawn("head", {
+        let lock = slow.fair_lock(name).unwrap().with_owner(owner.clone());
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    let hash = lock.keys().hash().to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || cmd(
+            &redis,
+            &["HEXISTS", &hash, owner.id()]
+        )
+        .as_int()
+            == Some(1))
+        .await,
+        "the slow waiter's try took the free lock"
+    );
+    let behind = order.spawn("behind", {
+        let lock = lock.clone();
+        async move { lock.lock().await.map(|g| g.detach()) }
+    });
+    until_queued(&redis, &lock.keys().waiters(), 1).await;
+    tokio::time::sleep(3 * lease).await;
+    assert!(
+        order.served().is_empty(),
+        "served during the slow spell: {:?}",
+        order.served()
+    );
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}
+
 /// A fair lock's hold extends like the plain lock's: its expiry in Redis and its deadline
 /// move, and another owner still finds it held.
 #[tokio::test]

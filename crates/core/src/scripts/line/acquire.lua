@@ -109,17 +109,25 @@ if free or mine then
     redis.call('ZREM', KEYS[3], owner)
     redis.call('ZREM', KEYS[4], owner)
     redis.call('HDEL', KEYS[5], owner)
+    -- A waiter's grant is marked as the line's: its try is the waiter's, which goes on
+    -- waiting should the reply be lost, and takes the grant with its next try or hands it on
+    -- when it leaves; the settle of that try leaves it (a rollback would cost the waiter its
+    -- turn: its place went with the grant).
+    marked = marked or mode == 'w'
     if free then
       redis.call('HSET', KEYS[1], owner, '1', '@FENCE@', fence)
+      if marked then
+        redis.call('HSET', KEYS[1], '@GRANTED@', '1')
+      end
     else
       -- A grant of the line taken, or an orphan replaced: the old fields go but the key stays,
       -- for a slot that migrates (Redis Cluster) stops a script that deletes a key and writes it
       -- again ("non local key").
-      -- A grant of the line keeps its mark: should this try's reply be lost, its settle must
-      -- leave the grant (the line's, made to this waiter as the head) rather than take it back
-      -- with the waiter's place, which the grant took out of the line.
       local old = redis.call('HKEYS', KEYS[1])
       redis.call('HSET', KEYS[1], owner, '1', '@FENCE@', fence)
+      if marked then
+        redis.call('HSET', KEYS[1], '@GRANTED@', '1')
+      end
       for i = 1, #old do
         if old[i] ~= owner and old[i] ~= '@FENCE@' and not (marked and old[i] == '@GRANTED@') then
           redis.call('HDEL', KEYS[1], old[i])

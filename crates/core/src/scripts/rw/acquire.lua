@@ -152,9 +152,16 @@ if may then
     fields[#fields + 1] = '@WRITER@'
     fields[#fields + 1] = owner
   end
+  -- A waiter's grant is marked as the line's (line/acquire.lua says why); a try's is not (an
+  -- orphan of this owner replaced: a mark it may carry goes).
+  if mode == 'w' then
+    fields[#fields + 1] = mark
+    fields[#fields + 1] = '1'
+  end
   redis.call('HSET', KEYS[1], unpack(fields))
-  -- (An orphan of this owner replaced: a mark of the line's grant it may carry goes.)
-  redis.call('HDEL', KEYS[1], mark)
+  if mode ~= 'w' then
+    redis.call('HDEL', KEYS[1], mark)
+  end
   if not held then
     -- A spent hash: its old fields go, the key stays (rw/common.lua).
     local kept = {['@MODE@'] = true}

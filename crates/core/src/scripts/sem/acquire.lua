@@ -78,6 +78,10 @@ if available() - ahead >= n then
   gone[5] = false
   drop_waiters({id})
   redis.call('HSET', KEYS[1], member, n, '@READ_FENCE@' .. id, fence)
+  -- A waiter's grant is marked as the line's (line/acquire.lua says why).
+  if mode == 'w' then
+    redis.call('HSET', KEYS[1], GRANTED .. id, '1')
+  end
   redis.call('HINCRBY', KEYS[1], '@USED@', n)
   -- The next in line may fit in what is left.
   hand_on(id)
