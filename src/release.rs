@@ -171,8 +171,10 @@ impl Release {
 /// Resent until Redis answers, or until `give_up_after`, when the hold has ended by itself.
 ///
 /// `undo` says what the unanswered command was ([`commands::Undo`]): an acquire's settle leaves
-/// a grant the line made meanwhile to the waiter, and puts a waiter whose grant it takes back
-/// where it stood in line (a settle must not cost a live waiter its place).
+/// a grant marked as the line's (every grant a waiter's try or a release makes to a waiter is:
+/// the waiter, still waiting, takes it, or hands it on when it leaves), so a settle never costs
+/// a live waiter its turn. (A waiter's place is sent too, for an unmarked grant of its try;
+/// the scripts make none now.)
 pub(crate) fn settle(
     client: &Arc<ClientInner>,
     hold: &HoldId,

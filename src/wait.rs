@@ -306,10 +306,10 @@ impl<'a> Wait<'a> {
 /// at once instead of when it lapses.
 ///
 /// It runs after the settles of the owner's hold in flight (the hold table orders them): a
-/// settle of this waiter's last try puts the waiter back in its place in line
-/// (`keep_place.lua`), and the leave must come after it, or the entry would stay until it
-/// lapses. The grant the client holds for the owner is read then, so the leave knows which
-/// grant of the owner is not the line's untaken one.
+/// settle of this waiter's last try leaves the grant that try took (marked as the line's), and
+/// the leave must come after it to pass that grant on. The grant the client holds for the
+/// owner is read then, so the leave knows which grant of the owner is not the line's untaken
+/// one.
 fn leave_line(client: &Arc<ClientInner>, keys: &LockKeys, owner: leasehold_core::Owner) {
     use futures::FutureExt;
     let hold = leasehold_core::HoldId::new(keys.clone(), owner.clone());
