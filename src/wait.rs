@@ -316,10 +316,24 @@ fn leave_line(client: &Arc<ClientInner>, keys: &LockKeys, owner: leasehold_core:
     let work = {
         let (client, hold) = (client.clone(), hold.clone());
         async move {
-            let known = client.holds.prepare(&hold).grant.map(|grant| grant.token);
+            let known = |hold: &leasehold_core::HoldId| {
+                client.holds.prepare(hold).grant.map(|grant| grant.token)
+            };
             let keys = &hold.keys;
-            let leave =
-                commands::leave_line(&client.redis, &client.scripts, keys, &hold.owner, known);
+            let other_side = keys.kind().other_side().and_then(|side| {
+                known(&leasehold_core::HoldId::new(
+                    keys.of_kind(side),
+                    hold.owner.clone(),
+                ))
+            });
+            let leave = commands::leave_line(
+                &client.redis,
+                &client.scripts,
+                keys,
+                &hold.owner,
+                known(&hold),
+                other_side,
+            );
             if let Err(error) = client.call(client.command_timeout, leave).await {
                 tracing::debug!(lock = %keys.name(), %error, "leaving the line failed; the entry lapses within a lease");
             }

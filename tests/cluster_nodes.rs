@@ -1250,7 +1250,7 @@ async fn a_fair_waiter_leaving_its_untaken_grant_hands_it_on_while_its_slot_migr
     );
     let errors = err_replies(&cluster, from);
     let migration = cluster.begin_slot_migration(slot, to).unwrap();
-    let left = commands::leave_line(b.redis(), &scripts, &keys, &first, None).await;
+    let left = commands::leave_line(b.redis(), &scripts, &keys, &first, None, None).await;
     let fields = hash_fields(&cluster, from, keys.hash());
     let waiting = zset_members(&cluster, from, &line);
     eprintln!(

@@ -52,6 +52,78 @@ async fn a_live_reader_keeps_a_read_grant_it_cannot_take_yet() {
     assert_eq!(order.served(), ["head", "behind"]);
 }
 
+/// An owner's read wait and write wait share one entry in the line. The line grants the read;
+/// the write wait, refused then as an upgrade, leaves the line, and its leave must not take
+/// the read grant (marked as the line's, and taken) for an untaken one and pass it on.
+///
+/// Failed before (found by the chaos checker: a write and another owner's read at once): the
+/// leave knew only the write side's grant (none), took the taken read grant for untaken, and
+/// handed the lock to the next writer while the reader held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_wait_refused_as_an_upgrade_leaves_its_owners_read_alone() {
+    let redis = server();
+    let url = redis.url();
+    let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+    let name = "rw:two-sides-one-entry";
+    let holder = a.rw_lock(name).unwrap();
+    let writing = holder.write().lock().await.unwrap();
+    let owner = b.new_owner();
+    let rw = b.rw_lock(name).unwrap();
+    let keys = rw.read().keys().clone();
+    let reading = tokio::spawn({
+        let read = rw.read().clone().with_owner(owner.clone());
+        async move {
+            read.try_lock_for(Duration::from_secs(10))
+                .await
+                .map(|g| g.map(|g| g.detach()))
+        }
+    });
+    until_queued(&redis, &keys.waiters(), 1).await;
+    let upgrade = tokio::spawn({
+        let write = rw.write().clone().with_owner(owner.clone());
+        async move {
+            write
+                .try_lock_for(Duration::from_secs(10))
+                .await
+                .map(|g| g.is_some())
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || b.waiters() == 2).await,
+        "both waits of the owner wait"
+    );
+    writing.unlock().await.unwrap();
+    let read = reading
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the line granted the read");
+    assert!(
+        matches!(
+            upgrade.await.unwrap(),
+            Err(LockError::UpgradeRefused { .. })
+        ),
+        "the write wait is refused as an upgrade"
+    );
+    let read_field = format!(
+        "{}{}",
+        leasehold_core::protocol::READ_FIELD_PREFIX,
+        owner.id()
+    );
+    let read_gone =
+        || common::cmd(&redis, &["HEXISTS", keys.hash(), &read_field]).as_int() == Some(0);
+    assert!(
+        !eventually(Duration::from_secs(2), read_gone).await,
+        "the write wait's leave took the owner's read"
+    );
+    let other = c.rw_lock(name).unwrap();
+    assert!(
+        other.write().try_lock().await.unwrap().is_none(),
+        "another owner's write while the read is held"
+    );
+    drop(read);
+}
+
 #[tokio::test]
 async fn readers_share_and_a_writer_excludes() {
     let redis = server();
@@ -750,7 +822,7 @@ async fn a_grant_to_a_writer_that_gave_up_passes_on() {
         Some(1),
         "by the line"
     );
-    commands::leave_line(other.redis(), &scripts, &write_keys, &gone, None)
+    commands::leave_line(other.redis(), &scripts, &write_keys, &gone, None, None)
         .await
         .unwrap();
     assert_eq!(

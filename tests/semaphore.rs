@@ -965,7 +965,7 @@ async fn permits_granted_to_a_waiter_that_gave_up_pass_on() {
             "the grant lasts as long as the entry would have: {ahead} ms"
         );
         if !crash {
-            commands::leave_line(other.redis(), &scripts, &keys, &gone, None)
+            commands::leave_line(other.redis(), &scripts, &keys, &gone, None, None)
                 .await
                 .unwrap();
             assert_eq!(

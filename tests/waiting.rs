@@ -641,7 +641,7 @@ async fn a_grant_to_a_waiter_that_gave_up_passes_on() {
             "the grant lasts as long as the entry would have: {ttl} ms"
         );
         if !crash {
-            commands::leave_line(other.redis(), &scripts, &keys, &gone, None)
+            commands::leave_line(other.redis(), &scripts, &keys, &gone, None, None)
                 .await
                 .unwrap();
             assert_eq!(

@@ -796,10 +796,11 @@ pub async fn renew<C: crate::connection::ScriptConnection>(
                         if traits.wants {
                             keys.push(Key::from(lock.wants_str()));
                         }
-                        args.push(word(match traits.stored {
-                            Stored::ReadWrite => "er",
-                            Stored::Semaphore => "es",
-                            Stored::Lock | Stored::Latch => "el",
+                        args.push(word(match (traits.stored, traits.side) {
+                            (Stored::ReadWrite, Some("read")) => "er",
+                            (Stored::ReadWrite, _) => "ew",
+                            (Stored::Semaphore, _) => "es",
+                            (Stored::Lock | Stored::Latch, _) => "el",
                         }));
                     }
                 }
@@ -818,24 +819,33 @@ pub async fn renew<C: crate::connection::ScriptConnection>(
 
 /// A waiter gives up: its entry leaves the line, and a grant the line made to it that its
 /// client never took (`known`: the token of the owner's grant the client holds, if any) passes
-/// on (`scripts/line/leave.lua`; a read/write lock's and a semaphore's own leave scripts).
+/// on (`scripts/line/leave.lua`; a read/write lock's and a semaphore's own leave scripts). A
+/// read/write lock's owner has one entry for both sides: `other_side_known` is the token of
+/// its grant on the other side, which must not pass on either (a grant taken stays marked as
+/// the line's).
 pub async fn leave_line<C: crate::connection::ScriptConnection>(
     client: &C,
     scripts: &Scripts,
     keys: &LockKeys,
     owner: &Owner,
     known: Option<FencingToken>,
+    other_side_known: Option<FencingToken>,
 ) -> Result<()> {
     let prefix = keys.waiter_channel_prefix();
     let traits = keys.traits();
     let mut args = vec![
         Value::from(owner.id_str().clone()),
         Value::from(prefix.as_str()),
-        token_arg(known),
     ];
-    // A lock's line also asks on whose channel its waiters hear.
-    if traits.family == Family::Line {
-        args.push(kind_argument(keys, 1));
+    match traits.family {
+        // A lock's line also asks on whose channel its waiters hear.
+        Family::Line => args.extend([token_arg(known), kind_argument(keys, 1)]),
+        Family::Semaphore => args.push(token_arg(known)),
+        // The read side's grant, then the write side's.
+        Family::ReadWrite if traits.side == Some("read") => {
+            args.extend([token_arg(known), token_arg(other_side_known)])
+        }
+        Family::ReadWrite => args.extend([token_arg(other_side_known), token_arg(known)]),
     }
     let list = script_keys(keys);
     let _: i64 = scripts

@@ -11,8 +11,8 @@
 --             read/write lock's read or write hold; 's<token>' for a semaphore's permit (as a
 --             read hold, but the semaphore's hash and leases keep no TTL: they live with the
 --             semaphore); for a waiter's entry 'e' and its layout: 'el' a lock's (hash, line,
---             deadlines, wants), 'er' a read/write lock's (hash, line, deadlines, leases), 'es'
---             a semaphore's (hash, line, deadlines, leases, wants)
+--             deadlines, wants), 'er' or 'ew' a read/write lock's read or write side (hash, line,
+--             deadlines, leases), 'es' a semaphore's (hash, line, deadlines, leases, wants)
 --
 -- Replies: an array with one integer per item: 1 renewed; 0 that grant is gone (expired,
 -- force-unlocked, taken by another owner, replaced by a later grant of the same owner, or the
@@ -91,16 +91,18 @@ local function keep_grant(layout, hash, leases, owner)
     return redis.call('HEXISTS', hash, '@GRANTED@:' .. owner) == 1
       and extend_lease(leases, '@READ@' .. owner, nil)
   end
-  local fields = redis.call('HMGET', hash, '@WRITER@', '@GRANTED@', '@GRANTED@:@READ@' .. owner)
-  local member
-  if fields[1] == owner and fields[2] then
-    member = owner
-  elseif fields[3] then
+  -- A read/write lock's: the grant on the side the entry waits for ('r' or 'w'; an owner's two
+  -- sides share one entry, and the other side's hold is not this wait's).
+  local member, mark
+  if layout == 'r' then
     member = '@READ@' .. owner
+    mark = '@GRANTED@:' .. member
+  elseif redis.call('HGET', hash, '@WRITER@') == owner then
+    member, mark = owner, '@GRANTED@'
   else
     return false
   end
-  return extend_lease(leases, member, {hash, leases})
+  return redis.call('HEXISTS', hash, mark) == 1 and extend_lease(leases, member, {hash, leases})
 end
 for i = 1, (#ARGV - 1) / 2 do
   local owner, token = ARGV[2 * i], ARGV[2 * i + 1]

@@ -6,8 +6,9 @@
 -- KEYS[1..5]  as in rw/common.lua
 -- ARGV[1]     owner id
 -- ARGV[2]     waiter channel prefix  P:{N}:released:
--- ARGV[3]     the token of the grant its client holds ('' for none): a grant of the line with
---             another token was never taken
+-- ARGV[3]     the token of the read grant its client holds ('' for none), ARGV[4] the write
+--             grant's: a grant of the line with another token was never taken (an owner's two
+--             sides share its entry, and a grant taken stays marked as the line's)
 --
 -- Replies 1 when a grant was passed on, else 0. Keys of another type are left alone.
 local t = redis.call('TIME')
@@ -25,9 +26,10 @@ prune()
 -- Its untaken grant, on either side (an owner waits on one side at a time: the other is a
 -- re-entry or a downgrade, granted at once, or refused as an upgrade).
 local untaken
-for _, side in ipairs({{READ .. owner, '@READ_FENCE@' .. owner}, {owner, '@FENCE@'}}) do
+for _, side in ipairs({{READ .. owner, '@READ_FENCE@' .. owner, ARGV[3]},
+    {owner, '@FENCE@', ARGV[4]}}) do
   local fields = redis.call('HMGET', KEYS[1], side[1], side[2], granted_mark(side[1]))
-  if fields[1] and fields[3] and fields[2] ~= ARGV[3]
+  if fields[1] and fields[3] and fields[2] ~= side[3]
       and (side[1] ~= owner or redis.call('HGET', KEYS[1], '@WRITER@') == owner) then
     untaken = side[1]
   end
