@@ -25,6 +25,9 @@ const HANDOFF: &[&str] = &[
     "workers_served",
     "max_wait_ms",
     "client_cpu_us_per_acquisition",
+    "handoff_p50_us",
+    "hold_mean_us",
+    "hold_limit_acq_per_sec",
 ];
 const CRASH: &[&str] = &["lease_ms", "delay_after_expiry_ms"];
 const RED_LOCK: &[&str] = &[
@@ -152,6 +155,9 @@ fn quick_run_writes_the_json_contract() {
         let h = &results[section];
         assert!(number(h, "acquisitions") > 0.0, "{h}");
         assert!(number(h, "workers_served") <= number(h, "waiters"), "{h}");
+        // The ceiling is one over the mean hold.
+        let ceiling = number(h, "hold_limit_acq_per_sec") * number(h, "hold_mean_us") / 1e6;
+        assert!((ceiling - 1.0).abs() < 1e-6, "{h}");
     }
     assert_eq!(number(&results["watchdog"], "holds"), 2000.0);
     let r = &results["red_lock"];
