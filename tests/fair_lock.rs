@@ -406,17 +406,7 @@ async fn a_live_waiter_keeps_a_grant_it_cannot_take_yet() {
     // commands still reach Redis, late.
     proxy.set_latency(Duration::from_millis(400));
     guard.unlock().await.unwrap();
-    // Three leases: long past what the grant's own lease would have lasted.
-    tokio::time::sleep(3 * lease).await;
-    assert!(
-        order.served().is_empty(),
-        "served during the slow spell: {:?}",
-        order.served()
-    );
-    proxy.set_latency(Duration::ZERO);
-    head.await.unwrap();
-    behind.await.unwrap();
-    assert_eq!(order.served(), ["head", "behind"]);
+    common::served_in_turn_after_a_slow_spell(&order, &proxy, lease, head, behind).await;
 }
 
 /// A waiter none of whose replies ever came (its link slow past the command timeout from its
@@ -452,16 +442,7 @@ async fn a_waiter_never_answered_keeps_the_grant_its_tries_take() {
     });
     until_queued(&redis, &waiters, 2).await;
     guard.unlock().await.unwrap();
-    tokio::time::sleep(3 * lease).await;
-    assert!(
-        order.served().is_empty(),
-        "served during the slow spell: {:?}",
-        order.served()
-    );
-    proxy.set_latency(Duration::ZERO);
-    head.await.unwrap();
-    behind.await.unwrap();
-    assert_eq!(order.served(), ["head", "behind"]);
+    common::served_in_turn_after_a_slow_spell(&order, &proxy, lease, head, behind).await;
 }
 
 /// A waiter whose first try found the lock free and took it, but whose reply never came (its
@@ -503,16 +484,7 @@ async fn a_waiter_whose_unanswered_first_try_took_a_free_lock_keeps_it() {
         async move { lock.lock().await.map(|g| g.detach()) }
     });
     until_queued(&redis, &lock.keys().waiters(), 1).await;
-    tokio::time::sleep(3 * lease).await;
-    assert!(
-        order.served().is_empty(),
-        "served during the slow spell: {:?}",
-        order.served()
-    );
-    proxy.set_latency(Duration::ZERO);
-    head.await.unwrap();
-    behind.await.unwrap();
-    assert_eq!(order.served(), ["head", "behind"]);
+    common::served_in_turn_after_a_slow_spell(&order, &proxy, lease, head, behind).await;
 }
 
 /// A fair lock's hold extends like the plain lock's: its expiry in Redis and its deadline

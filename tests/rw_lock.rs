@@ -40,16 +40,7 @@ async fn a_live_reader_keeps_a_read_grant_it_cannot_take_yet() {
     common::until_head_renewed_twice(&redis, &keys).await;
     proxy.set_latency(Duration::from_millis(400));
     writing.unlock().await.unwrap();
-    tokio::time::sleep(3 * lease).await;
-    assert!(
-        order.served().is_empty(),
-        "served during the slow spell: {:?}",
-        order.served()
-    );
-    proxy.set_latency(Duration::ZERO);
-    head.await.unwrap();
-    behind.await.unwrap();
-    assert_eq!(order.served(), ["head", "behind"]);
+    common::served_in_turn_after_a_slow_spell(&order, &proxy, lease, head, behind).await;
 }
 
 /// An owner's read wait and write wait share one entry in the line. The line grants the read;

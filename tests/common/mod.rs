@@ -502,3 +502,26 @@ pub async fn until_head_renewed_twice(redis: &RedisServer, keys: &leasehold::Loc
         );
     }
 }
+
+/// The end of a slow-spell test: for three leases (long past what a grant's own lease would
+/// last) nobody is served, since the slow head can take nothing and the waiter behind must not
+/// pass it; then the link heals, and `head` is served before `behind`.
+pub async fn served_in_turn_after_a_slow_spell(
+    order: &Order,
+    proxy: &leasehold_testkit::Proxy,
+    lease: Duration,
+    head: tokio::task::JoinHandle<()>,
+    behind: tokio::task::JoinHandle<()>,
+) {
+    // Time has to pass for a lapse to happen: no event marks "not yet".
+    tokio::time::sleep(3 * lease).await;
+    assert!(
+        order.served().is_empty(),
+        "served during the slow spell: {:?}",
+        order.served()
+    );
+    proxy.set_latency(Duration::ZERO);
+    head.await.unwrap();
+    behind.await.unwrap();
+    assert_eq!(order.served(), ["head", "behind"]);
+}
